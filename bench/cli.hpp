@@ -1,0 +1,32 @@
+/// @file cli.hpp
+/// @brief The small command-line parser shared by fa-bench and fa-run.
+#pragma once
+
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fa {
+
+/// "--name value" options and "--flag" switches. Unknown names are errors,
+/// so a typo never silently falls back to a default.
+class Args {
+ public:
+  /// value_options take a value; flags do not.
+  Args(int argc, char** argv, std::set<std::string> value_options, std::set<std::string> flags);
+  bool has(const std::string& name) const { return values_.count(name) || flags_set_.count(name); }
+  std::string get(const std::string& name, const std::string& fallback) const;
+  double get_number(const std::string& name, double fallback) const;
+  /// Splits "a,b,c" into items.
+  static std::vector<std::string> split(const std::string& text, char separator = ',');
+  /// Parses "4,1024,1024,8,8,64" into six positive ints.
+  static std::vector<int> parse_ints(const std::string& text, std::size_t count, const std::string& what);
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> flags_set_;
+};
+
+}  // namespace fa

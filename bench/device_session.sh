@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One GPU session in one call: build, the whole test suite, compute-sanitizer
+# (memcheck and racecheck) over the GPU tests, then the benchmark.
+# Logs and the CSV go to $OUT (default ./out). Used on the lent H100 like this:
+#   bash bench/device_session.sh [fa-bench options...]
+# Catch2 comes from a carried Debian package (.gpu-deps/catch2_*.deb) when the
+# machine has none installed.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+prefix_args=()
+if ls .gpu-deps/catch2_*.deb >/dev/null 2>&1; then
+  dpkg -x .gpu-deps/catch2_*.deb /tmp/c2 && prefix_args=(-DCMAKE_PREFIX_PATH=/tmp/c2/usr)
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -1
+} > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=${FA_ARCH:-90} \
+      -DFA_PTXAS_VERBOSE=ON "${prefix_args[@]}" > "$OUT/build.log" 2>&1 &&
+  cmake --build build -j"$(nproc)" >> "$OUT/build.log" 2>&1
+status=$?
+grep -E "error|warning" "$OUT/build.log" | grep -v "ptxas info" | head -20
+if [ $status -ne 0 ]; then tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
+grep -E "Compiling entry|registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
+
+echo "== ctest"
+ctest --test-dir build --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -30
+
+if [ "${FA_SANITIZE:-1}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool"
+    compute-sanitizer --tool $tool --error-exitcode 99 build/tests/fa_tests "[gpu]${FA_SANITIZE_FILTER:-}" \
+      > "$OUT/sanitizer-$tool.log" 2>&1
+    echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|assertions" "$OUT/sanitizer-$tool.log" | tail -4
+  done
+fi
+
+if [ "${FA_BENCH:-1}" = 1 ]; then
+  echo "== fa-bench $*"
+  build/bench/fa-bench --csv "$OUT/bench.csv" "$@" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"
+  echo "exit $?"; cat "$OUT/bench.txt"; grep skip "$OUT/bench-progress.log" | sort | uniq | head -20
+fi

@@ -1,0 +1,354 @@
+// fa-bench: times every registered step (and the cuBLAS baseline) with CUDA
+// events and prints one table; the same rows go to a CSV that the plots read.
+//
+//   fa-bench                         teaching shape, every step, f32 and f16, causal off and on
+//   fa-bench --suite all --csv r.csv teaching + headline + sequence sweep
+//   fa-bench --steps 03,04 --dtypes f16 --causal no --shape 2,512,512,8,2,64
+//
+// Method: inputs are uploaded once per shape into enough copies to overflow the
+// L2 cache, and the launches rotate through them; each step runs once for the
+// correctness sample (output poisoned with NaN first), twice to warm up, then
+// `reps` timed launches each bracketed by CUDA events; the table shows the median.
+#include "cli.hpp"
+#include "fa/compare.hpp"
+#include "fa/device.hpp"
+#include "fa/registry.hpp"
+#include "reference.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+
+namespace {
+
+using namespace fa;
+
+const char* kHelp = R"(usage: fa-bench [options]
+  --suite teaching|headline|sweep|all   shapes to time (default teaching)
+                                        teaching: B=4 H=8 N=1024 d=64; headline: B=4 H=16 N=4096 d=64;
+                                        sweep: B=1 H=16 d=64, N = 256 ... 16384
+  --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite
+  --steps LIST                          step ids or labels, e.g. 01,03 (default all)
+  --dtypes LIST                         f32,f16 (default both)
+  --causal no|yes|both                  (default both)
+  --csv FILE                            CSV output (default fa-bench.csv)
+  --max-ms MS                           skip a step whose predicted time per call exceeds MS (default 2000)
+  --reps N                              timed launches per measurement (default: about 1 s worth, 5..100)
+  --sample-rows N                       output rows checked against the CPU reference (default 64)
+  --seed N                              input seed (default 1)
+  --no-baseline                         skip the cuBLAS baseline
+)";
+
+struct Shape {
+  std::string suite;
+  int batch, q_len, kv_len, q_heads, kv_heads, head_dim;
+};
+
+std::vector<Shape> suite_shapes(const std::string& suite) {
+  std::vector<Shape> shapes;
+  if (suite == "teaching" || suite == "all") shapes.push_back({"teaching", 4, 1024, 1024, 8, 8, 64});
+  if (suite == "headline" || suite == "all") shapes.push_back({"headline", 4, 4096, 4096, 16, 16, 64});
+  if (suite == "sweep" || suite == "all")
+    for (int n = 256; n <= 16384; n *= 2) shapes.push_back({"sweep", 1, n, n, 16, 16, 64});
+  if (shapes.empty()) throw std::invalid_argument("unknown suite '" + suite + "'");
+  return shapes;
+}
+
+// One measurement: a row of the table and of the CSV.
+struct Row {
+  std::string suite;
+  const StepInfo* step;
+  AttentionProblem problem;
+  double ms, ms_min, ms_max, tflops, rel_err;
+  std::size_t extra_bytes;
+  int reps;
+  double speedup_prev = NAN, speedup_01 = NAN, vs_cublas = NAN;
+};
+
+// Device copies of the inputs and output, enough of them to leave the L2 cache.
+struct InputSets {
+  std::vector<DeviceBuffer> q, k, v, o;
+  DeviceBuffer workspace;
+  InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
+    for (int c = 0; c < copies; ++c) {
+      q.emplace_back(in.q.byte_size());
+      k.emplace_back(in.k.byte_size());
+      v.emplace_back(in.v.byte_size());
+      o.emplace_back(std::size_t(p.q_elements()) * size_of(p.dtype));
+      q.back().upload(in.q.bytes.data(), in.q.byte_size());
+      k.back().upload(in.k.bytes.data(), in.k.byte_size());
+      v.back().upload(in.v.bytes.data(), in.v.byte_size());
+    }
+  }
+  AttentionTensors tensors(int c) const {
+    return {q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
+  }
+};
+
+int copies_to_leave_l2(std::size_t bytes_per_set) {
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  int l2 = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  const std::size_t want = 3 * std::size_t(l2);
+  return int(std::clamp<std::size_t>((want + bytes_per_set - 1) / bytes_per_set, 1, 8));
+}
+
+// Reference rows sampled at random: (b, i, h) and their float64 outputs.
+struct SampledReference {
+  std::vector<std::array<int, 3>> rows;
+  std::vector<double> values;
+};
+
+SampledReference sample_reference(const AttentionProblem& p, const AttentionInputs& in, int count,
+                                  std::uint64_t seed) {
+  const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
+  SampledReference ref;
+  std::mt19937_64 rng(seed);
+  for (int r = 0; r < count; ++r) {
+    ref.rows.push_back({int(rng() % p.batch), int(rng() % p.q_len), int(rng() % p.q_heads)});
+    ref.values.resize(ref.values.size() + p.head_dim);
+    const auto& [b, i, h] = ref.rows.back();
+    reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h,
+                            ref.values.data() + ref.values.size() - p.head_dim);
+  }
+  return ref;
+}
+
+double sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const SampledReference& ref) {
+  HostTensor out(p.dtype, q_shape(p));
+  o.download(out.bytes.data(), out.byte_size());
+  std::vector<double> got;
+  for (const auto& [b, i, h] : ref.rows) {
+    const std::int64_t base = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
+    for (int c = 0; c < p.head_dim; ++c) got.push_back(out.get(base + c));
+  }
+  const ErrorStats stats = compare(got.data(), ref.values.data(), std::int64_t(got.size()));
+  return stats.non_finite ? NAN : stats.rel_l2;
+}
+
+struct Timing {
+  double median, min, max;
+  int reps;
+};
+
+Timing time_step(const StepInfo& step, const AttentionProblem& p, InputSets& sets, int reps_wanted) {
+  const int copies = int(sets.q.size());
+  int next = 0;
+  auto launch = [&] { step.launch(p, sets.tensors(next++ % copies), nullptr); };
+  CudaEventTimer timer;
+  for (int w = 0; w < 2; ++w) launch();  // warm-up: module load, handles, clocks
+  timer.start();
+  launch();
+  timer.stop();
+  const float first = timer.elapsed_ms();
+  const int reps = reps_wanted > 0 ? reps_wanted : std::clamp(int(1000.0 / std::max(first, 0.001f)), 5, 100);
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    timer.start();
+    launch();
+    timer.stop();
+    ms.push_back(timer.elapsed_ms());
+  }
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  std::sort(ms.begin(), ms.end());
+  const double median = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
+  return {median, ms.front(), ms.back(), reps};
+}
+
+std::string fmt(double value, int precision) {
+  if (std::isnan(value)) return "-";
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(precision);
+  out << value;
+  return out.str();
+}
+
+std::string fmt_sci(double value) {
+  if (std::isnan(value)) return "nan";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", value);
+  return buf;
+}
+
+void print_header() {
+  std::printf("%-9s %-8s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s\n", "step", "suite",
+              "type", "B", "Nq", "Nkv", "Hq", "Hkv", "d", "causal", "ms", "TFLOPS", "x prev", "x 01",
+              "x cuBLAS", "extra MiB", "rel_err");
+}
+
+void print_row(const Row& r) {
+  const auto& p = r.problem;
+  std::printf("%-9s %-8s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s\n",
+              r.step->label().c_str(), r.suite.c_str(), to_string(p.dtype), p.batch, p.q_len, p.kv_len,
+              p.q_heads, p.kv_heads, p.head_dim, p.causal ? "yes" : "no", fmt(r.ms, 4).c_str(),
+              fmt(r.tflops, 3).c_str(), fmt(r.speedup_prev, 2).c_str(), fmt(r.speedup_01, 1).c_str(),
+              fmt(r.vs_cublas, 3).c_str(), fmt(r.extra_bytes / 1048576.0, 1).c_str(), fmt_sci(r.rel_err).c_str());
+  std::fflush(stdout);
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows, const std::string& gpu) {
+  std::ofstream csv(path);
+  if (!csv) throw std::runtime_error("cannot write " + path);
+  csv << "step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
+         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas\n";
+  csv.precision(6);
+  for (const auto& r : rows) {
+    const auto& p = r.problem;
+    csv << r.step->id << ',' << r.step->variant << ',' << to_string(p.dtype) << ',' << p.batch << ','
+        << p.q_len << ',' << p.kv_len << ',' << p.q_heads << ',' << p.kv_heads << ',' << p.head_dim << ','
+        << (p.causal ? 1 : 0) << ',' << r.ms << ',' << r.tflops << ',' << r.extra_bytes << ',' << r.rel_err
+        << ",\"" << gpu << "\"," << r.suite << ',' << r.ms_min << ',' << r.ms_max << ',' << r.reps << ','
+        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << '\n';
+  }
+}
+
+int run(int argc, char** argv) {
+  const Args args(argc, argv,
+                  {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed"},
+                  {"help", "no-baseline"});
+  if (args.has("help")) {
+    std::cout << kHelp;
+    return 0;
+  }
+  // Everything the options say is checked before the GPU is touched.
+  std::vector<Shape> shapes;
+  const std::string suite = args.get("suite", "teaching");
+  if (args.has("shape")) {
+    const auto v = Args::parse_ints(args.get("shape", ""), 6, "--shape");
+    shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5]});
+  } else {
+    shapes = suite_shapes(suite);
+  }
+  const auto steps = select_steps(args.get("steps", "all"));
+  std::vector<DType> dtypes;
+  for (const auto& d : Args::split(args.get("dtypes", "f32,f16"))) dtypes.push_back(parse_dtype(d));
+  const std::string causal_opt = args.get("causal", "both");
+  std::vector<bool> causals;
+  if (causal_opt == "no" || causal_opt == "both") causals.push_back(false);
+  if (causal_opt == "yes" || causal_opt == "both") causals.push_back(true);
+  if (causals.empty()) throw std::invalid_argument("--causal must be no, yes or both");
+  const double max_ms = args.get_number("max-ms", 2000);
+  const int reps = int(args.get_number("reps", 0));
+  const int sample_rows = int(args.get_number("sample-rows", 64));
+  const auto seed = std::uint64_t(args.get_number("seed", 1));
+  const std::string csv_path = args.get("csv", "fa-bench.csv");
+  const bool baseline = !args.has("no-baseline");
+
+  if (!gpu_available()) {
+    std::fprintf(stderr, "fa-bench: no CUDA device found; the benchmark needs a GPU\n");
+    return 2;
+  }
+  const std::string gpu = gpu_name();
+  std::printf("fa-bench on %s: median of timed launches (CUDA events), TFLOPS = 4*B*Hq*Nq*Nkv*d/t "
+              "(halved when causal)\n", gpu.c_str());
+  print_header();
+
+  std::vector<Row> rows;
+  // The last measured (ms, flops) of each step: predicts its time on bigger shapes.
+  std::map<const StepInfo*, std::pair<double, double>> last_measured;
+  std::size_t config = 0;
+  const std::size_t configs = shapes.size() * dtypes.size() * causals.size();
+  for (const Shape& shape : shapes) {
+    for (DType dtype : dtypes) {
+      for (bool causal : causals) {
+        ++config;
+        AttentionProblem p;
+        p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
+        p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
+        p.causal = causal, p.dtype = dtype;
+        validate(p);
+        std::fprintf(stderr, "[%zu/%zu] %s: preparing inputs and %d reference rows\n", config, configs,
+                     p.describe().c_str(), sample_rows);
+        const AttentionInputs inputs = random_inputs(p, seed + config);
+        const SampledReference ref = sample_reference(p, inputs, sample_rows, seed + config);
+        const std::size_t set_bytes = inputs.q.byte_size() * 2 + inputs.k.byte_size() * 2;
+        InputSets sets(p, inputs, copies_to_leave_l2(set_bytes));
+
+        std::vector<const StepInfo*> todo;
+        if (baseline) todo.push_back(&cublas_baseline());
+        todo.insert(todo.end(), steps.begin(), steps.end());
+        std::map<std::string, double> best_ms_by_id;  // fastest variant of each step id
+        for (const StepInfo* step : todo) {
+          auto skip = [&](const std::string& why) {
+            std::fprintf(stderr, "  skip %s: %s\n", step->label().c_str(), why.c_str());
+          };
+          if (!step->supports(dtype)) { skip(std::string("does not support ") + to_string(dtype)); continue; }
+          if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
+          if (auto it = last_measured.find(step); it != last_measured.end()) {
+            const double predicted = it->second.first * p.flops() / it->second.second;
+            if (predicted > max_ms) {
+              skip("predicted " + fmt(predicted, 0) + " ms per call from its last measurement, over --max-ms " +
+                   fmt(max_ms, 0));
+              continue;
+            }
+          }
+          const std::size_t extra = step->workspace_for(p);
+          std::size_t free_bytes = 0, total_bytes = 0;
+          FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+          if (extra + (std::size_t(256) << 20) > free_bytes) {
+            skip("needs " + fmt(extra / 1073741824.0, 1) + " GiB of workspace, " + fmt(free_bytes / 1073741824.0, 1) + " GiB free");
+            continue;
+          }
+          sets.workspace = DeviceBuffer(extra);
+
+          // Correctness sample first, on a poisoned output; one call that is
+          // already too slow ends this step's measurement here.
+          sets.o[0].poison();
+          CudaEventTimer first_call;
+          first_call.start();
+          step->launch(p, sets.tensors(0), nullptr);
+          first_call.stop();
+          const double first_ms = first_call.elapsed_ms();
+          const double rel_err = sampled_error(p, sets.o[0], ref);
+          if (first_ms > max_ms) {
+            skip("one call took " + fmt(first_ms, 0) + " ms, over --max-ms " + fmt(max_ms, 0));
+            sets.workspace = DeviceBuffer();
+            continue;
+          }
+          const Timing t = time_step(*step, p, sets, reps);
+          sets.workspace = DeviceBuffer();
+
+          Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops() / (t.median * 1e9), rel_err, extra, t.reps};
+          last_measured[step] = {t.median, p.flops()};
+          // Speedups against what was measured on this same configuration.
+          const bool is_step = step != &cublas_baseline();
+          if (is_step) {
+            std::string prev_id;
+            for (const auto& [id, ms] : best_ms_by_id)
+              if (id != "cublas" && id < step->id) prev_id = id;  // ids sort in course order
+            if (!prev_id.empty()) row.speedup_prev = best_ms_by_id[prev_id] / t.median;
+            if (best_ms_by_id.count("01")) row.speedup_01 = best_ms_by_id["01"] / t.median;
+          }
+          if (best_ms_by_id.count("cublas")) row.vs_cublas = best_ms_by_id["cublas"] / t.median;
+          auto& best = best_ms_by_id[step->id];
+          best = best > 0 ? std::min(best, t.median) : t.median;
+          print_row(row);
+          rows.push_back(row);
+        }
+      }
+    }
+  }
+  write_csv(csv_path, rows, gpu);
+  std::printf("wrote %zu rows to %s\n", rows.size(), csv_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fa-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,72 @@
+/// @file device.hpp
+/// @brief Device-side helpers for hosts: buffer, timer, device queries.
+#pragma once
+
+#include "fa/cuda_check.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace fa {
+
+/// True when the CUDA runtime finds at least one device (never throws).
+bool gpu_available();
+
+/// "NVIDIA H100 80GB HBM3" for the current device.
+std::string gpu_name();
+
+/// An owning, move-only block of device memory (cudaMalloc/cudaFree).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    DeviceBuffer(std::move(other)).swap(*this);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return data_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(data_); }
+  std::size_t bytes() const { return bytes_; }
+
+  void upload(const void* host, std::size_t bytes);
+  void download(void* host, std::size_t bytes) const;
+  /// Fills every byte with 0xFF: NaN for float, half and double alike, so an
+  /// element a kernel forgets to write is caught by the comparison.
+  void poison();
+
+ private:
+  void swap(DeviceBuffer& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Times a stretch of stream work with a pair of CUDA events.
+class CudaEventTimer {
+ public:
+  CudaEventTimer();
+  ~CudaEventTimer();
+  CudaEventTimer(const CudaEventTimer&) = delete;
+  CudaEventTimer& operator=(const CudaEventTimer&) = delete;
+  void start(cudaStream_t stream = nullptr);
+  void stop(cudaStream_t stream = nullptr);
+  /// Waits for the stop event and returns milliseconds between start and stop.
+  float elapsed_ms();
+
+ private:
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+}  // namespace fa

@@ -1,0 +1,48 @@
+/// @file host_tensor.hpp
+/// @brief Host tensors in the problem's element type, and seeded random inputs.
+#pragma once
+
+#include "fa/dtype.hpp"
+#include "fa/problem.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace fa {
+
+/// A contiguous host tensor whose elements are stored in `dtype` (f32 or f16 bits).
+struct HostTensor {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<unsigned char> bytes;
+
+  HostTensor() = default;
+  HostTensor(DType dtype, std::vector<std::int64_t> shape);
+
+  std::int64_t numel() const;
+  std::size_t byte_size() const { return bytes.size(); }
+  /// Element i converted to double (exact for f32 and f16).
+  double get(std::int64_t i) const;
+  /// Stores value rounded to the tensor's type.
+  void set(std::int64_t i, double value);
+  /// Every element as double, for the reference.
+  std::vector<double> to_double() const;
+};
+
+/// [batch, q_len, q_heads, head_dim] (also the shape of O).
+std::vector<std::int64_t> q_shape(const AttentionProblem& p);
+/// [batch, kv_len, kv_heads, head_dim].
+std::vector<std::int64_t> kv_shape(const AttentionProblem& p);
+
+/// Uniform values in [lo, hi) from a seeded generator (splitmix64, the same
+/// stream on every platform), rounded to dtype.
+HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed,
+                         double lo = -1.0, double hi = 1.0);
+
+/// Q, K and V for a problem, drawn from one seed.
+struct AttentionInputs {
+  HostTensor q, k, v;
+};
+AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed);
+
+}  // namespace fa

@@ -1,0 +1,71 @@
+#include "fa/problem.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace fa {
+
+float AttentionProblem::softmax_scale() const {
+  return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+std::int64_t AttentionProblem::q_elements() const {
+  return std::int64_t{batch} * q_len * q_heads * head_dim;
+}
+
+std::int64_t AttentionProblem::kv_elements() const {
+  return std::int64_t{batch} * kv_len * kv_heads * head_dim;
+}
+
+double AttentionProblem::flops() const {
+  const double full = 4.0 * batch * q_heads * double(q_len) * double(kv_len) * head_dim;
+  return causal ? full / 2 : full;
+}
+
+std::string AttentionProblem::describe() const {
+  std::ostringstream out;
+  out << "B=" << batch << " Nq=" << q_len << " Nkv=" << kv_len << " H=" << q_heads << "/"
+      << kv_heads << " d=" << head_dim << " " << to_string(dtype) << (causal ? " causal" : "");
+  if (scale) out << " scale=" << *scale;
+  return out.str();
+}
+
+namespace {
+void require_positive(const char* field, int value) {
+  if (value < 1)
+    throw InvalidProblem(std::string("attention problem: ") + field + " = " +
+                         std::to_string(value) + " must be >= 1");
+}
+}  // namespace
+
+void validate(const AttentionProblem& p) {
+  require_positive("batch", p.batch);
+  require_positive("q_len", p.q_len);
+  require_positive("kv_len", p.kv_len);
+  require_positive("q_heads", p.q_heads);
+  require_positive("kv_heads", p.kv_heads);
+  require_positive("head_dim", p.head_dim);
+  if (p.q_heads % p.kv_heads != 0)
+    throw InvalidProblem("attention problem: q_heads = " + std::to_string(p.q_heads) +
+                         " is not a multiple of kv_heads = " + std::to_string(p.kv_heads));
+  if (p.scale && !std::isfinite(*p.scale))
+    throw InvalidProblem("attention problem: scale = " + std::to_string(*p.scale) +
+                         " must be finite");
+  // Kernels index tensors with 32-bit offsets; larger tensors are refused, not wrapped.
+  constexpr std::int64_t kMaxElements = std::numeric_limits<std::int32_t>::max();
+  if (p.q_elements() > kMaxElements)
+    throw InvalidProblem("attention problem: Q has " + std::to_string(p.q_elements()) +
+                         " elements; at most 2^31-1 are supported");
+  if (p.kv_elements() > kMaxElements)
+    throw InvalidProblem("attention problem: K/V have " + std::to_string(p.kv_elements()) +
+                         " elements; at most 2^31-1 are supported");
+}
+
+void throw_unsupported(const char* step, const char* field, const std::string& value,
+                       const std::string& supported) {
+  throw InvalidProblem(std::string(step) + ": " + field + " = " + value +
+                       " is not supported; supported: " + supported);
+}
+
+}  // namespace fa

@@ -1,0 +1,72 @@
+/// @file problem.hpp
+/// @brief The one attention problem every step solves, and its validation.
+///
+/// Tensors are contiguous row-major [batch, seq, heads, head_dim]:
+/// Q and O are [batch, q_len, q_heads, head_dim], K and V are
+/// [batch, kv_len, kv_heads, head_dim]. Query head h reads KV head
+/// h / (q_heads / kv_heads) (grouped-query attention; kv_heads == 1 is MQA).
+/// Causal masking is top-left aligned like PyTorch's `is_causal`: query row i
+/// sees keys j <= i, so every row sees at least key 0.
+#pragma once
+
+#include "fa/dtype.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace fa {
+
+/// Thrown before anything is launched when a problem is malformed or not
+/// supported by the step asked to run it. The message names the field and value.
+class InvalidProblem : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Shapes, masking and scale of one attention call.
+struct AttentionProblem {
+  int batch = 1;
+  int q_len = 1;
+  int kv_len = 1;
+  int q_heads = 1;
+  int kv_heads = 1;
+  int head_dim = 64;
+  bool causal = false;
+  DType dtype = DType::f32;
+  /// Softmax scale; unset means 1/sqrt(head_dim).
+  std::optional<float> scale;
+
+  /// The scale actually applied to Q·Kᵀ.
+  float softmax_scale() const;
+  /// q_heads / kv_heads: how many query heads share one KV head.
+  int group_size() const { return q_heads / kv_heads; }
+  std::int64_t q_elements() const;   ///< elements of Q (and of O)
+  std::int64_t kv_elements() const;  ///< elements of K (and of V)
+  /// Useful floating-point operations: 4·B·H·Nq·Nkv·d, halved when causal
+  /// (the convention of the FlashAttention papers and of PyTorch's benchmarks).
+  double flops() const;
+  /// "B=4 Nq=1024 Nkv=1024 H=8/8 d=64 f32 causal", for messages and tables.
+  std::string describe() const;
+};
+
+/// Throws InvalidProblem naming the first bad field and its value.
+/// Every launcher calls this before touching the GPU.
+void validate(const AttentionProblem& problem);
+
+/// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>").
+[[noreturn]] void throw_unsupported(const char* step, const char* field, const std::string& value,
+                                    const std::string& supported);
+
+/// Device pointers of one call. workspace is scratch memory of the size the
+/// step's registry entry asks for (nullptr when it asks for none).
+struct AttentionTensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  void* workspace = nullptr;
+};
+
+}  // namespace fa

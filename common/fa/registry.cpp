@@ -1,0 +1,108 @@
+// The registry: every step of the course in order. A step's .cu file defines
+// fa::stepNN::launch (and workspace_bytes when it needs scratch memory); the
+// entry below says what the step is and what it accepts. The harness tests
+// every entry on every dtype and head_dim it lists, and checks that it refuses
+// the ones it does not list.
+#include "fa/registry.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace fa {
+
+// Launchers, one per step (defined in steps/NN_name/*.cu).
+namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+// The baseline (bench/cublas_baseline.cu).
+namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   std::size_t workspace_bytes(const AttentionProblem&); }
+
+const std::vector<StepInfo>& all_steps() {
+  static const std::vector<StepInfo> steps = {
+      {"01", "", "naive", "one thread per output element; every score recomputed 3*d times",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step01::launch},
+  };
+  return steps;
+}
+
+const StepInfo& cublas_baseline() {
+  static const StepInfo baseline = {
+      "cublas", "", "cublas standard attention",
+      "S = QK^T with cuBLAS, softmax kernel, O = PV with cuBLAS (N x N scores in memory)",
+      {DType::f32, DType::f16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
+  return baseline;
+}
+
+bool StepInfo::supports(DType dtype) const {
+  return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
+}
+
+bool StepInfo::supports_head_dim(int head_dim) const {
+  return std::find(head_dims.begin(), head_dims.end(), head_dim) != head_dims.end();
+}
+
+std::string StepInfo::label() const { return variant.empty() ? id : id + "-" + variant; }
+
+std::size_t StepInfo::workspace_for(const AttentionProblem& p) const {
+  return workspace_bytes ? workspace_bytes(p) : 0;
+}
+
+std::vector<const StepInfo*> select_steps(const std::string& spec) {
+  std::vector<const StepInfo*> chosen;
+  auto add = [&](const StepInfo& s) {
+    if (std::find(chosen.begin(), chosen.end(), &s) == chosen.end()) chosen.push_back(&s);
+  };
+  std::stringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item.empty()) continue;
+    bool found = false;
+    if (item == "all") {
+      for (const auto& s : all_steps()) add(s);
+      found = true;
+    }
+    if (item == cublas_baseline().id) {
+      add(cublas_baseline());
+      found = true;
+    }
+    for (const auto& s : all_steps()) {
+      if (s.id == item || s.label() == item) {
+        add(s);
+        found = true;
+      }
+    }
+    if (!found) throw std::invalid_argument("no step or baseline called '" + item + "'");
+  }
+  return chosen;
+}
+
+DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs,
+                                 std::size_t workspace_bytes)
+    : q(inputs.q.byte_size()),
+      k(inputs.k.byte_size()),
+      v(inputs.v.byte_size()),
+      o(std::size_t(p.q_elements()) * size_of(p.dtype)),
+      workspace(workspace_bytes) {
+  auto check = [&](const HostTensor& t, const char* name, const std::vector<std::int64_t>& shape) {
+    if (t.dtype != p.dtype || t.shape != shape)
+      throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" +
+                           p.describe() + ")");
+  };
+  check(inputs.q, "Q", q_shape(p));
+  check(inputs.k, "K", kv_shape(p));
+  check(inputs.v, "V", kv_shape(p));
+  q.upload(inputs.q.bytes.data(), inputs.q.byte_size());
+  k.upload(inputs.k.bytes.data(), inputs.k.byte_size());
+  v.upload(inputs.v.bytes.data(), inputs.v.byte_size());
+}
+
+HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs) {
+  validate(p);
+  DeviceAttention device(p, inputs, step.workspace_for(p));
+  device.o.poison();
+  step.launch(p, device.tensors(), nullptr);
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  HostTensor out(p.dtype, q_shape(p));
+  device.o.download(out.bytes.data(), out.byte_size());
+  return out;
+}
+
+}  // namespace fa

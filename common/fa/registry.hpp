@@ -1,0 +1,65 @@
+/// @file registry.hpp
+/// @brief Every step of the course, listed in one place, and how to run one.
+///
+/// The harness and the runner see steps only through this list: adding a step
+/// is one folder under steps/ plus one line in registry.cpp.
+#pragma once
+
+#include "fa/device.hpp"
+#include "fa/host_tensor.hpp"
+#include "fa/problem.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace fa {
+
+/// Runs one attention call on `stream`. Validates the problem first and throws
+/// InvalidProblem before touching the GPU if it is malformed or unsupported.
+using LaunchFn = void (*)(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+/// Bytes of scratch device memory a call needs (beyond Q, K, V and O).
+using WorkspaceFn = std::size_t (*)(const AttentionProblem&);
+
+/// One registered implementation: a step (or one variant of a step), or a baseline.
+struct StepInfo {
+  std::string id;       ///< "01".."NN", or a baseline's name ("cublas")
+  std::string variant;  ///< "" for a step's only version; "pad4", "ktrans"... otherwise
+  std::string name;     ///< folder name without the number: "naive"
+  std::string summary;  ///< one line: what this step changes
+  std::vector<DType> dtypes;   ///< element types it accepts
+  std::vector<int> head_dims;  ///< head dimensions it accepts
+  LaunchFn launch = nullptr;
+  WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
+
+  bool supports(DType dtype) const;
+  bool supports_head_dim(int head_dim) const;
+  /// "01", "05-pad4", "cublas".
+  std::string label() const;
+  /// Scratch bytes for this problem (0 without a WorkspaceFn).
+  std::size_t workspace_for(const AttentionProblem& p) const;
+};
+
+/// Every step in course order.
+const std::vector<StepInfo>& all_steps();
+/// The standard-attention baseline built from cuBLAS (materialises Nq x Nkv).
+const StepInfo& cublas_baseline();
+/// Steps and baselines matching a comma-separated list of ids or labels
+/// ("01,03", "05-pad4", "cublas"); "all" selects every step (not the baseline).
+/// Throws std::invalid_argument naming an id that matches nothing.
+std::vector<const StepInfo*> select_steps(const std::string& spec);
+
+/// Device copies of one problem's inputs, output and workspace.
+struct DeviceAttention {
+  DeviceBuffer q, k, v, o, workspace;
+  DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes);
+  AttentionTensors tensors() const { return {q.get(), k.get(), v.get(), o.get(), workspace.get()}; }
+};
+
+/// Uploads the inputs, poisons O with NaN, runs the step once, waits, and
+/// returns O. Throws InvalidProblem (before any GPU work) or CudaError.
+HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs);
+
+}  // namespace fa

@@ -1,0 +1,24 @@
+/// @file reference.hpp
+/// @brief Attention on the CPU in double precision: the ground truth.
+///
+/// O[b,i,h,:] = sum_j softmax_j(scale * Q[b,i,h,:]·K[b,j,h/g,:]) V[b,j,h/g,:],
+/// with g = q_heads / kv_heads and, when causal, only keys j <= i. The softmax
+/// subtracts the row maximum before exponentiating, so no score overflows.
+#pragma once
+
+#include "fa/problem.hpp"
+
+#include <vector>
+
+namespace fa {
+
+/// One output row O[b, i, h, 0:head_dim] into out_row. q, k, v are whole
+/// tensors in the problem's layout, as doubles.
+void reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
+                             const double* v, int b, int i, int h, double* out_row);
+
+/// The whole output, rows spread over the machine's cores. Validates p.
+std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
+                                        const std::vector<double>& k, const std::vector<double>& v);
+
+}  // namespace fa

@@ -1,0 +1,29 @@
+#include "gpu.hpp"
+
+#include "fa/device.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace fa::test {
+
+namespace {
+int g_skipped = 0;
+std::string g_step_filter;
+}  // namespace
+
+bool gpu_or_skip() {
+  static const bool available = gpu_available();
+  if (!available) {
+    ++g_skipped;
+    WARN("no CUDA device: skipping this GPU test case");
+  }
+  return available;
+}
+
+int skipped_cases() { return g_skipped; }
+const char* step_filter() { return g_step_filter.c_str(); }
+void set_step_filter(const char* filter) { g_step_filter = filter; }
+
+}  // namespace fa::test

@@ -1,0 +1,120 @@
+// Every registered step (and the cuBLAS baseline) against the float64 CPU
+// reference, on every dtype it accepts, causal off and on, over a table of
+// shapes chosen to break tiled kernels: lengths 1, 7, 100, 1000, lengths that
+// are multiples of no tile size, q_len != kv_len both ways, GQA 8/2, MQA 8/1,
+// every supported head_dim. The output is poisoned with NaN before each launch
+// and every element must be overwritten.
+#include "fa/compare.hpp"
+#include "fa/registry.hpp"
+#include "gpu.hpp"
+#include "reference.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <set>
+
+using namespace fa;
+
+namespace {
+
+struct Shape {
+  int batch, q_len, kv_len, q_heads, kv_heads, head_dim;
+  float scale;  // 0: the default 1/sqrt(d)
+};
+
+// The implementations under test: one step (--step NN), or all and the baseline.
+std::vector<const StepInfo*> under_test() {
+  const std::string filter = test::step_filter();
+  return select_steps(filter.empty() ? "all,cublas" : filter);
+}
+
+// Shapes at head_dim 64, then two shapes for every other head_dim any step supports.
+std::vector<Shape> shapes() {
+  std::vector<Shape> list = {
+      {1, 1, 1, 1, 1, 64, 0},        // the smallest problem
+      {2, 7, 7, 2, 2, 64, 0},        // shorter than any tile
+      {1, 100, 100, 8, 2, 64, 0},    // GQA 8/2, not a multiple of 16, 32 or 64
+      {1, 1000, 1000, 8, 1, 64, 0},  // MQA 8/1, long enough for many tiles
+      {2, 100, 37, 4, 4, 64, 0},     // q_len > kv_len
+      {1, 33, 257, 4, 2, 64, 0},     // q_len < kv_len
+      {1, 50, 1, 2, 1, 64, 0},       // a single key
+      {3, 129, 65, 2, 1, 64, 0.3f},  // custom scale, batch 3
+  };
+  std::set<int> head_dims;
+  for (const StepInfo* s : under_test()) head_dims.insert(s->head_dims.begin(), s->head_dims.end());
+  for (int d : head_dims) {
+    if (d == 64) continue;
+    list.push_back({2, 77, 77, 4, 2, d, 0});
+    list.push_back({1, 300, 129, 8, 1, d, 0});
+  }
+  return list;
+}
+
+std::uint64_t fresh_seed() {
+  static std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ device();
+}
+
+}  // namespace
+
+TEST_CASE("attention matches the float64 CPU reference", "[gpu][attention]") {
+  FA_REQUIRE_GPU();
+  const Shape shape = GENERATE(from_range(shapes()));
+  const DType dtype = GENERATE(DType::f32, DType::f16);
+  const bool causal = GENERATE(false, true);
+
+  AttentionProblem p;
+  p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
+  p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
+  p.causal = causal, p.dtype = dtype;
+  if (shape.scale != 0) p.scale = shape.scale;
+
+  std::vector<const StepInfo*> steps;
+  for (const StepInfo* s : under_test())
+    if (s->supports(dtype) && s->supports_head_dim(p.head_dim)) steps.push_back(s);
+  if (steps.empty()) return;  // no step under test takes this dtype/head_dim
+
+  const std::uint64_t seed = fresh_seed();
+  INFO(p.describe() << " seed=" << seed);
+  const AttentionInputs inputs = random_inputs(p, seed);
+  const std::vector<double> ref =
+      reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double());
+  const Tolerance tol = tolerance_for(dtype);
+
+  for (const StepInfo* step : steps) {
+    INFO("step " << step->label());
+    const HostTensor out = run_step(*step, p, inputs);
+    const ErrorStats stats = compare(out, ref);
+    INFO(stats.describe() << " (tolerance rel_l2 " << tol.rel_l2 << ", max_abs " << tol.max_abs << ")");
+    CHECK(stats.non_finite == 0);
+    CHECK(stats.rel_l2 <= tol.rel_l2);
+    CHECK(stats.max_abs <= tol.max_abs);
+  }
+}
+
+TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][attention]") {
+  // Two runs on the same inputs agree bit for bit, and changing one key changes
+  // the rows that see it and no others (a causal row before it stays put).
+  FA_REQUIRE_GPU();
+  for (const StepInfo* step : under_test()) {
+    for (DType dtype : step->dtypes) {
+      AttentionProblem p;
+      p.batch = 1, p.q_len = 70, p.kv_len = 70, p.q_heads = 2, p.kv_heads = 1;
+      p.head_dim = step->head_dims.front(), p.causal = true, p.dtype = dtype;
+      const std::uint64_t seed = fresh_seed();
+      INFO("step " << step->label() << " " << p.describe() << " seed=" << seed);
+      AttentionInputs inputs = random_inputs(p, seed);
+      const HostTensor first = run_step(*step, p, inputs);
+      CHECK(run_step(*step, p, inputs).bytes == first.bytes);
+
+      const int changed_key = 40;
+      for (int c = 0; c < p.head_dim; ++c) inputs.v.set(changed_key * p.head_dim + c, 5.0);
+      const HostTensor second = run_step(*step, p, inputs);
+      const std::int64_t row_elems = std::int64_t(p.q_heads) * p.head_dim;
+      const std::size_t bytes_before = std::size_t(changed_key * row_elems) * size_of(dtype);
+      CHECK(std::equal(first.bytes.begin(), first.bytes.begin() + bytes_before, second.bytes.begin()));
+      CHECK_FALSE(std::equal(first.bytes.begin() + bytes_before, first.bytes.end(), second.bytes.begin() + bytes_before));
+    }
+  }
+}

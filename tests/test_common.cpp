@@ -1,0 +1,139 @@
+// CPU tests of the shared pieces: validation, comparison, tensors, .npy, registry.
+#include "fa/compare.hpp"
+#include "fa/host_tensor.hpp"
+#include "fa/npy.hpp"
+#include "fa/registry.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+using namespace fa;
+using Catch::Matchers::Contains;
+
+TEST_CASE("validate names the bad field and its value", "[cpu][problem]") {
+  AttentionProblem p;
+  p.q_heads = 8, p.kv_heads = 2;
+  REQUIRE_NOTHROW(validate(p));
+  SECTION("batch") { p.batch = 0; CHECK_THROWS_WITH(validate(p), Contains("batch = 0")); }
+  SECTION("q_len") { p.q_len = -3; CHECK_THROWS_WITH(validate(p), Contains("q_len = -3")); }
+  SECTION("kv_len") { p.kv_len = 0; CHECK_THROWS_WITH(validate(p), Contains("kv_len = 0")); }
+  SECTION("head_dim") { p.head_dim = 0; CHECK_THROWS_WITH(validate(p), Contains("head_dim = 0")); }
+  SECTION("kv_heads must divide q_heads") {
+    p.kv_heads = 3;
+    CHECK_THROWS_WITH(validate(p), Contains("q_heads = 8") && Contains("kv_heads = 3"));
+  }
+  SECTION("scale must be finite") { p.scale = NAN; CHECK_THROWS_WITH(validate(p), Contains("scale")); }
+  SECTION("32-bit indexing limit") {
+    p.batch = 64, p.q_len = 1 << 16, p.head_dim = 128;
+    CHECK_THROWS_WITH(validate(p), Contains("2^31-1"));
+  }
+  SECTION("the exception type") { p.batch = 0; CHECK_THROWS_AS(validate(p), InvalidProblem); }
+}
+
+TEST_CASE("flops follow 4*B*H*Nq*Nkv*d, halved when causal", "[cpu][problem]") {
+  AttentionProblem p;
+  p.batch = 2, p.q_heads = 4, p.kv_heads = 2, p.q_len = 8, p.kv_len = 16, p.head_dim = 32;
+  CHECK(p.flops() == 4.0 * 2 * 4 * 8 * 16 * 32);
+  p.causal = true;
+  CHECK(p.flops() == 2.0 * 2 * 4 * 8 * 16 * 32);
+  CHECK(p.softmax_scale() == Approx(1 / std::sqrt(32.0)));
+  p.scale = 0.25f;
+  CHECK(p.softmax_scale() == 0.25f);
+}
+
+TEST_CASE("poisoning with 0xFF bytes gives NaN in every element type", "[cpu][compare]") {
+  std::uint32_t f32_bits = 0xFFFFFFFFu;
+  float f;
+  std::memcpy(&f, &f32_bits, 4);
+  CHECK(std::isnan(f));
+  CHECK(std::isnan(half_bits_to_float(0xFFFF)));
+}
+
+TEST_CASE("compare catches NaN, small and large errors", "[cpu][compare]") {
+  for (DType dtype : {DType::f32, DType::f16}) {
+    INFO("dtype " << to_string(dtype));
+    const HostTensor t = random_tensor(dtype, {4, 33}, 7);
+    const std::vector<double> ref = t.to_double();
+    const Tolerance tol = tolerance_for(dtype);
+    CHECK(within(compare(t, ref), tol));
+    CHECK(compare(t, ref).rel_l2 == 0);
+
+    HostTensor nan_one = t;
+    nan_one.set(17, NAN);
+    const ErrorStats stats = compare(nan_one, ref);
+    CHECK(stats.non_finite == 1);
+    CHECK_FALSE(within(stats, tol));
+
+    HostTensor off = t;
+    off.set(5, t.get(5) + 0.1);  // one wrong element
+    CHECK_FALSE(within(compare(off, ref), tol));
+  }
+  CHECK_THROWS(compare(random_tensor(DType::f32, {3}, 1), std::vector<double>(4)));
+}
+
+TEST_CASE("random tensors are seeded, in range and rounded to their dtype", "[cpu][tensor]") {
+  const HostTensor a = random_tensor(DType::f32, {1000}, 42), b = random_tensor(DType::f32, {1000}, 42),
+                   c = random_tensor(DType::f32, {1000}, 43);
+  CHECK(a.bytes == b.bytes);
+  CHECK(a.bytes != c.bytes);
+  double lo = 1, hi = -1;
+  for (std::int64_t i = 0; i < a.numel(); ++i) lo = std::min(lo, a.get(i)), hi = std::max(hi, a.get(i));
+  CHECK(lo >= -1.0);
+  CHECK(hi < 1.0);
+  CHECK(hi - lo > 1.9);  // actually spread over the range
+
+  HostTensor h(DType::f16, {1});
+  h.set(0, 1.0 + 1e-4);  // not representable in half: rounds to 1
+  CHECK(h.get(0) == 1.0);
+  h.set(0, 0.333333);
+  CHECK(h.get(0) == Approx(0.333333).epsilon(1e-3));
+}
+
+TEST_CASE(".npy files round-trip and bad files are refused clearly", "[cpu][npy]") {
+  const std::string path = "fa_test_roundtrip.npy";
+  for (DType dtype : {DType::f32, DType::f16}) {
+    const HostTensor t = random_tensor(dtype, {2, 3, 4, 5}, 3);
+    write_npy(path, t);
+    const HostTensor back = read_npy(path);
+    CHECK(back.dtype == dtype);
+    CHECK(back.shape == t.shape);
+    CHECK(back.bytes == t.bytes);
+  }
+  {
+    const std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n";
+    std::ofstream bad(path, std::ios::binary);
+    bad << "\x93NUMPY\x01" << char(0) << char(header.size()) << char(0) << header << std::string(16, '\0');
+  }
+  CHECK_THROWS_WITH(read_npy(path), Contains("<f8") && Contains("not supported"));
+  CHECK_THROWS_WITH(read_npy("does_not_exist.npy"), Contains("cannot open"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("the registry lists every step once, in course order", "[cpu][registry]") {
+  const auto& steps = all_steps();
+  REQUIRE_FALSE(steps.empty());
+  CHECK(steps.front().id == "01");
+  std::set<std::string> labels;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const StepInfo& step = steps[s];
+    INFO("step " << step.label());
+    CHECK(labels.insert(step.label()).second);
+    CHECK(step.id.size() == 2);
+    if (s > 0) CHECK(steps[s - 1].id <= step.id);
+    CHECK_FALSE(step.name.empty());
+    CHECK_FALSE(step.summary.empty());
+    CHECK_FALSE(step.dtypes.empty());
+    CHECK_FALSE(step.head_dims.empty());
+    CHECK(step.launch != nullptr);
+  }
+  CHECK(select_steps("all").size() == steps.size());
+  CHECK(select_steps("01").front()->id == "01");
+  CHECK(select_steps("cublas").front() == &cublas_baseline());
+  CHECK_THROWS_WITH(select_steps("99"), Contains("'99'"));
+}

@@ -24,7 +24,6 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=${FA_A
 status=$?
 grep -E "error|warning" "$OUT/build.log" | grep -v "ptxas info" | head -20
 if [ $status -ne 0 ]; then tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
-grep -E "Compiling entry|registers|spill" "$OUT/build.log" > "$OUT/ptxas.txt" || true
 
 echo "== ctest"
 ctest --test-dir build --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
@@ -36,6 +35,8 @@ if [ "${FA_SANITIZE:-1}" = 1 ]; then
     compute-sanitizer --tool $tool --error-exitcode 99 build/tests/fa_tests "[gpu]${FA_SANITIZE_FILTER:-}" \
       > "$OUT/sanitizer-$tool.log" 2>&1
     echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|assertions" "$OUT/sanitizer-$tool.log" | tail -4
+    # Name the kernels behind any report, once each.
+    grep -E -A3 "^========= (Error|Warning|Invalid|Race)" "$OUT/sanitizer-$tool.log" | grep -oE "in [^ ]+|kernel [^ ]+|_Z[A-Za-z0-9_]+" | sort | uniq -c | head -10
   done
 fi
 

@@ -77,12 +77,7 @@ int run(int argc, char** argv) {
     p.dtype = parse_dtype(args.get("dtype", "f32"));
     validate(p);
     inputs = random_inputs(p, std::uint64_t(args.get_number("seed", 1)));
-    const std::filesystem::path dir = args.get("dump", "");
-    std::filesystem::create_directories(dir);
-    write_npy((dir / "q.npy").string(), inputs.q);
-    write_npy((dir / "k.npy").string(), inputs.k);
-    write_npy((dir / "v.npy").string(), inputs.v);
-    out_path = (dir / "o.npy").string();
+    out_path = (std::filesystem::path(args.get("dump", "")) / "o.npy").string();
   } else {
     for (const char* name : {"q", "k", "v", "out"})
       if (!args.has(name)) throw std::invalid_argument(std::string("missing --") + name + " (or use --random)");
@@ -98,6 +93,13 @@ int run(int argc, char** argv) {
   if (!step.supports(p.dtype) || !step.supports_head_dim(p.head_dim))
     throw std::invalid_argument("step " + step.label() + " does not support " + p.describe());
   if (!gpu_available()) throw std::runtime_error("no CUDA device found; fa-run needs a GPU");
+  if (args.has("random")) {  // write the inputs only once everything is known to be runnable
+    const std::filesystem::path dir = args.get("dump", "");
+    std::filesystem::create_directories(dir);
+    write_npy((dir / "q.npy").string(), inputs.q);
+    write_npy((dir / "k.npy").string(), inputs.k);
+    write_npy((dir / "v.npy").string(), inputs.v);
+  }
 
   const HostTensor out = run_step(step, p, inputs);
   write_npy(out_path, out);

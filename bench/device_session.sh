@@ -3,6 +3,7 @@
 # (memcheck and racecheck) over the GPU tests, then the benchmark.
 # Logs and the CSV go to $OUT (default ./out). Used on the lent H100 like this:
 #   bash bench/device_session.sh [fa-bench options...]
+# FA_TRACE=1 also runs step 02's trace suite (fa-bench --suite trace) into $OUT/trace.*.
 # Catch2 comes from a carried Debian package (.gpu-deps/catch2_*.deb) when the
 # machine has none installed.
 set -uo pipefail
@@ -44,4 +45,10 @@ if [ "${FA_BENCH:-1}" = 1 ]; then
   echo "== fa-bench $*"
   build/bench/fa-bench --csv "$OUT/bench.csv" "$@" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"
   echo "exit $?"; cat "$OUT/bench.txt"; grep skip "$OUT/bench-progress.log" | sort | uniq | head -20
+fi
+
+if [ "${FA_TRACE:-0}" = 1 ]; then
+  echo "== fa-bench --suite trace"
+  build/bench/fa-bench --suite trace --csv "$OUT/trace.csv" > "$OUT/trace.txt" 2> "$OUT/trace-progress.log"
+  echo "exit $?"; cat "$OUT/trace.txt"; cat "$OUT/trace-progress.log"
 fi

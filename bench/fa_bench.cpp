@@ -4,6 +4,7 @@
 //   fa-bench                         teaching shape, every step, f32 and f16, causal off and on
 //   fa-bench --suite all --csv r.csv teaching + headline + sequence sweep
 //   fa-bench --steps 03,04 --dtypes f16 --causal no --shape 2,512,512,8,2,64
+//   fa-bench --suite trace           step 02's matrix trace lesson (trace_bench.cpp)
 //
 // Method: inputs are uploaded once per shape into enough copies to overflow the
 // L2 cache, and the launches rotate through them; each step runs once for the
@@ -14,6 +15,7 @@
 #include "fa/device.hpp"
 #include "fa/registry.hpp"
 #include "reference.hpp"
+#include "trace_bench.hpp"
 
 #include <algorithm>
 #include <array>
@@ -31,9 +33,13 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-bench [options]
-  --suite teaching|headline|sweep|all   shapes to time (default teaching)
+  --suite teaching|headline|sweep|all|trace
+                                        shapes to time (default teaching)
                                         teaching: B=4 H=8 N=1024 d=64; headline: B=4 H=16 N=4096 d=64;
                                         sweep: B=1 H=16 d=64, N = 256 ... 16384
+                                        trace: step 02's matrix trace, whole matrix vs diagonal only over
+                                        PCIe, end to end, n x n for n = 1024 ... 16384; its own table and
+                                        CSV (--csv, default fa-bench-trace.csv); other options do not apply
   --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16 (default both)
@@ -219,6 +225,7 @@ int run(int argc, char** argv) {
     std::cout << kHelp;
     return 0;
   }
+  if (args.get("suite", "") == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));
   // Everything the options say is checked before the GPU is touched.
   std::vector<Shape> shapes;
   const std::string suite = args.get("suite", "teaching");

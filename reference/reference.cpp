@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace fa {
@@ -64,5 +65,20 @@ std::vector<double> reference_attention(const AttentionProblem& p, const std::ve
   for (auto& t : threads) t.join();
   return out;
 }
+
+namespace {
+template <class T>
+double trace_of(const T* matrix, int rows, int cols) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("reference_trace: rows = " + std::to_string(rows) + ", cols = " +
+                                std::to_string(cols) + ": sizes must not be negative");
+  double sum = 0;
+  for (std::int64_t k = 0; k < std::min(rows, cols); ++k) sum += double(matrix[k * (std::int64_t(cols) + 1)]);
+  return sum;
+}
+}  // namespace
+
+double reference_trace(const int* matrix, int rows, int cols) { return trace_of(matrix, rows, cols); }
+double reference_trace(const float* matrix, int rows, int cols) { return trace_of(matrix, rows, cols); }
 
 }  // namespace fa

@@ -1,5 +1,5 @@
 /// @file reference.hpp
-/// @brief Attention on the CPU in double precision: the ground truth.
+/// @brief Attention (and step 02's matrix trace) on the CPU in double precision: the ground truth.
 ///
 /// O[b,i,h,:] = sum_j softmax_j(scale * Q[b,i,h,:]·K[b,j,h/g,:]) V[b,j,h/g,:],
 /// with g = q_heads / kv_heads and, when causal, only keys j <= i. The softmax
@@ -20,5 +20,11 @@ void reference_attention_row(const AttentionProblem& p, const double* q, const d
 /// The whole output, rows spread over the machine's cores. Validates p.
 std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v);
+
+/// The trace of a row-major rows x cols matrix: the sum of its min(rows, cols)
+/// diagonal elements, added in double (exact for int sums below 2^53).
+/// 0 for an empty matrix; throws std::invalid_argument for a negative size.
+double reference_trace(const int* matrix, int rows, int cols);
+double reference_trace(const float* matrix, int rows, int cols);
 
 }  // namespace fa

@@ -12,6 +12,8 @@ namespace fa {
 
 // Launchers, one per step (defined in steps/NN_name/*.cu).
 namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step03 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   std::size_t workspace_bytes(const AttentionProblem&); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -20,6 +22,9 @@ const std::vector<StepInfo>& all_steps() {
   static const std::vector<StepInfo> steps = {
       {"01", "", "naive", "one thread per output element; every score recomputed 3*d times",
        {DType::f32, DType::f16}, {32, 64, 128}, &step01::launch},
+      {"03", "", "minimal_fa1",
+       "FlashAttention-1 loop order: block per (batch, head), thread per query row, O/l/m in HBM between K/V tiles",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step03::launch, &step03::workspace_bytes},
   };
   return steps;
 }

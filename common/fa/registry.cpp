@@ -13,6 +13,8 @@ namespace fa {
 // Launchers, one per step (defined in steps/NN_name/*.cu).
 namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 namespace step02 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step03 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   std::size_t workspace_bytes(const AttentionProblem&); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -23,6 +25,9 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step01::launch},
       {"02", "", "reductions", "one block per row; keys split over threads, m and l joined by block reductions",
        {DType::f32, DType::f16}, {32, 64, 128}, &step02::launch},
+      {"03", "", "minimal_fa1",
+       "FlashAttention-1 loop order: block per (batch, head), thread per query row, O/l/m in HBM between K/V tiles",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step03::launch, &step03::workspace_bytes},
   };
   return steps;
 }

@@ -12,6 +12,7 @@ namespace fa {
 
 // Launchers, one per step (defined in steps/NN_name/*.cu).
 namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step04 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -20,6 +21,9 @@ const std::vector<StepInfo>& all_steps() {
   static const std::vector<StepInfo> steps = {
       {"01", "", "naive", "one thread per output element; every score recomputed 3*d times",
        {DType::f32, DType::f16}, {32, 64, 128}, &step01::launch},
+      {"04", "", "tiled_online_softmax",
+       "FA2 loop order: a block keeps its Q tile and O, l, m on chip and streams K/V tiles past it",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step04::launch},
   };
   return steps;
 }

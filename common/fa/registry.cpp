@@ -15,6 +15,7 @@ namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&,
 namespace step02 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 namespace step03 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
+namespace step04 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -28,6 +29,9 @@ const std::vector<StepInfo>& all_steps() {
       {"03", "", "minimal_fa1",
        "FlashAttention-1 loop order: block per (batch, head), thread per query row, O/l/m in HBM between K/V tiles",
        {DType::f32, DType::f16}, {32, 64, 128}, &step03::launch, &step03::workspace_bytes},
+      {"04", "", "tiled_online_softmax",
+       "FA2 loop order: a block keeps its Q tile and O, l, m on chip and streams K/V tiles past it",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step04::launch},
   };
   return steps;
 }

@@ -33,7 +33,7 @@ grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -30
 if [ "${FA_SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 99 build/tests/fa_tests "[gpu]${FA_SANITIZE_FILTER:-}" \
+    timeout "${FA_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 99 build/tests/fa_tests "[gpu]${FA_SANITIZE_FILTER:-}" \
       > "$OUT/sanitizer-$tool.log" 2>&1
     echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|assertions" "$OUT/sanitizer-$tool.log" | tail -4
     # Name the kernels behind any report, once each.

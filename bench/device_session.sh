@@ -30,14 +30,26 @@ echo "== ctest"
 ctest --test-dir build --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -30
 
+# compute-sanitizer is 10-100x slower than a plain run, so it goes one step at a
+# time (each with its own time limit) over the shapes up to FA_SANITIZE_MAX_LEN
+# long, then over the non-attention GPU tests (reductions, trace).
 if [ "${FA_SANITIZE:-1}" = 1 ]; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool"
-    timeout "${FA_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 99 build/tests/fa_tests "[gpu]${FA_SANITIZE_FILTER:-}" \
-      > "$OUT/sanitizer-$tool.log" 2>&1
-    echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|assertions" "$OUT/sanitizer-$tool.log" | tail -4
-    # Name the kernels behind any report, once each.
-    grep -E -A3 "^========= (Error|Warning|Invalid|Race)" "$OUT/sanitizer-$tool.log" | grep -oE "in [^ ]+|kernel [^ ]+|_Z[A-Za-z0-9_]+" | sort | uniq -c | head -10
+  steps=$(ctest --test-dir build -N | grep -oE "step[0-9]+/" | sort -u | tr -d 'step/')
+  for tool in ${FA_SANITIZE_TOOLS:-memcheck racecheck}; do
+    echo "== compute-sanitizer $tool (attention shapes up to ${FA_SANITIZE_MAX_LEN:-300} long)"
+    for target in ${FA_SANITIZE_STEPS:-$steps cublas} other; do
+      log="$OUT/sanitizer-$tool-$target.log"
+      if [ "$target" = other ]; then args=("[gpu]~[attention]"); else
+        args=("[attention]" --step "$target" --max-len "${FA_SANITIZE_MAX_LEN:-300}"); fi
+      timeout "${FA_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --error-exitcode 99 \
+        build/tests/fa_tests "${args[@]}" > "$log" 2>&1
+      rc=$?
+      printf '%-8s exit %-3s %s | %s\n' "$target" "$rc" \
+        "$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)" \
+        "$(grep -hE "All tests passed|test cases:" "$log" | tail -1)"
+      # Name the kernels behind any report, once each.
+      grep -E -A3 "^========= (Error|Warning|Invalid|Race)" "$log" | grep -oE "_Z[A-Za-z0-9_]+" | sort | uniq -c | head -5
+    done
   done
 fi
 

@@ -11,6 +11,7 @@ namespace fa::test {
 namespace {
 int g_skipped = 0;
 std::string g_step_filter;
+int g_max_len = 0;
 }  // namespace
 
 bool gpu_or_skip() {
@@ -25,5 +26,7 @@ bool gpu_or_skip() {
 int skipped_cases() { return g_skipped; }
 const char* step_filter() { return g_step_filter.c_str(); }
 void set_step_filter(const char* filter) { g_step_filter = filter; }
+int max_len() { return g_max_len; }
+void set_max_len(int n) { g_max_len = n; }
 
 }  // namespace fa::test

@@ -16,6 +16,12 @@ int skipped_cases();
 const char* step_filter();
 void set_step_filter(const char* filter);
 
+/// --max-len N: attention shapes with q_len or kv_len above N are left out
+/// (0, the default, keeps every shape). For compute-sanitizer runs, which are
+/// 10-100x slower; the full table always runs without it.
+int max_len();
+void set_max_len(int n);
+
 }  // namespace fa::test
 
 /// First line of every [gpu] test case.

@@ -1,5 +1,6 @@
 // The harness's main: Catch2's session plus two things of ours.
 //  --step ID   restricts the attention tests to one step (CTest passes it).
+//  --max-len N leaves out attention shapes longer than N (sanitizer runs).
 //  exit 77     when GPU test cases were skipped for want of a device and
 //              nothing failed, so CTest shows them as skipped, not passed.
 #define CATCH_CONFIG_RUNNER
@@ -13,10 +14,18 @@
 int main(int argc, char* argv[]) {
   Catch::Session session;
   std::string step;
+  int max_len = 0;
   using namespace Catch::clara;
-  session.cli(session.cli() | Opt(step, "id")["--step"]("only test this step (e.g. 04) or baseline (cublas)"));
+  session.cli(session.cli() |
+              Opt(step, "id")["--step"]("only test this step (e.g. 04) or baseline (cublas)") |
+              Opt(max_len, "n")["--max-len"]("leave out attention shapes with q_len or kv_len above n"));
   if (const int status = session.applyCommandLine(argc, argv); status != 0) return status;
+  if (max_len < 0) {
+    std::fprintf(stderr, "--max-len must be >= 0, got %d\n", max_len);
+    return 2;
+  }
   fa::test::set_step_filter(step.c_str());
+  fa::test::set_max_len(max_len);
 
   const int result = session.run();
   const int skipped = fa::test::skipped_cases();

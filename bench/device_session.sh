@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session in one call: build, the whole test suite, compute-sanitizer
-# (memcheck and racecheck) over the GPU tests, then the benchmark.
+# One GPU session in one call: build, the whole test suite, the benchmark, then
+# compute-sanitizer (memcheck and racecheck) over the GPU tests.
 # Logs and the CSV go to $OUT (default ./out). Used on the lent H100 like this:
 #   bash bench/device_session.sh [fa-bench options...]
 # FA_TRACE=1 also runs step 02's trace suite (fa-bench --suite trace) into $OUT/trace.*.
@@ -30,29 +30,6 @@ echo "== ctest"
 ctest --test-dir build --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -30
 
-# compute-sanitizer is 10-100x slower than a plain run, so it goes one step at a
-# time (each with its own time limit) over the shapes up to FA_SANITIZE_MAX_LEN
-# long, then over the non-attention GPU tests (reductions, trace).
-if [ "${FA_SANITIZE:-1}" = 1 ]; then
-  steps=$(ctest --test-dir build -N | grep -oE "step[0-9]+/" | sort -u | tr -d 'step/')
-  for tool in ${FA_SANITIZE_TOOLS:-memcheck racecheck}; do
-    echo "== compute-sanitizer $tool (attention shapes up to ${FA_SANITIZE_MAX_LEN:-300} long)"
-    for target in ${FA_SANITIZE_STEPS:-$steps cublas} other; do
-      log="$OUT/sanitizer-$tool-$target.log"
-      if [ "$target" = other ]; then args=("[gpu]~[attention]"); else
-        args=("[attention]" --step "$target" --max-len "${FA_SANITIZE_MAX_LEN:-300}"); fi
-      timeout "${FA_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --error-exitcode 99 \
-        build/tests/fa_tests "${args[@]}" > "$log" 2>&1
-      rc=$?
-      printf '%-8s exit %-3s %s | %s\n' "$target" "$rc" \
-        "$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)" \
-        "$(grep -hE "All tests passed|test cases:" "$log" | tail -1)"
-      # Name the kernels behind any report, once each.
-      grep -E -A3 "^========= (Error|Warning|Invalid|Race)" "$log" | grep -oE "_Z[A-Za-z0-9_]+" | sort | uniq -c | head -5
-    done
-  done
-fi
-
 if [ "${FA_BENCH:-1}" = 1 ]; then
   echo "== fa-bench $*"
   build/bench/fa-bench --csv "$OUT/bench.csv" "$@" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"
@@ -63,4 +40,40 @@ if [ "${FA_TRACE:-0}" = 1 ]; then
   echo "== fa-bench --suite trace"
   build/bench/fa-bench --suite trace --csv "$OUT/trace.csv" > "$OUT/trace.txt" 2> "$OUT/trace-progress.log"
   echo "exit $?"; cat "$OUT/trace.txt"; cat "$OUT/trace-progress.log"
+fi
+
+# FA_EXTRA: a command run after the benchmark, before the sanitizers (e.g. ncu).
+if [ -n "${FA_EXTRA:-}" ]; then
+  echo "== $FA_EXTRA"
+  bash -c "$FA_EXTRA"
+fi
+
+# compute-sanitizer is 10-100x slower than a plain run, so it runs last, one
+# process per step and tool side by side (each with its own time limit), over
+# the shapes up to FA_SANITIZE_MAX_LEN long, plus one process for the
+# non-attention GPU tests (reductions, trace).
+if [ "${FA_SANITIZE:-1}" = 1 ]; then
+  steps=$(ctest --test-dir build -N | grep -oE "step[0-9]+/" | sort -u | tr -d 'step/')
+  targets="${FA_SANITIZE_STEPS:-$steps cublas} other"
+  echo "== compute-sanitizer (attention shapes up to ${FA_SANITIZE_MAX_LEN:-300} long)"
+  for tool in ${FA_SANITIZE_TOOLS:-memcheck racecheck}; do
+    for target in $targets; do
+      if [ "$target" = other ]; then args=("[gpu]~[attention]"); else
+        args=("[attention]" --step "$target" --max-len "${FA_SANITIZE_MAX_LEN:-300}"); fi
+      log="$OUT/sanitizer-$tool-$target.log"
+      ( timeout "${FA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 99 \
+          build/tests/fa_tests "${args[@]}" > "$log" 2>&1; echo "exit $?" >> "$log" ) &
+    done
+  done
+  wait
+  for tool in ${FA_SANITIZE_TOOLS:-memcheck racecheck}; do
+    for target in $targets; do
+      log="$OUT/sanitizer-$tool-$target.log"
+      printf '%-9s %-8s %-8s %s | %s\n' "$tool" "$target" "$(tail -1 "$log")" \
+        "$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)" \
+        "$(grep -hE "All tests passed|test cases:" "$log" | tail -1)"
+      # Name the kernels behind any report, once each.
+      grep -E -A3 "^========= (Error|Warning|Invalid|Race)" "$log" | grep -oE "_Z[A-Za-z0-9_]+" | sort | uniq -c | head -5
+    done
+  done
 fi

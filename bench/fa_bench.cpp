@@ -33,10 +33,14 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-bench [options]
-  --suite teaching|headline|sweep|all|trace
+  --suite teaching|headline|sweep|all|accuracy|accuracy-wide|trace
                                         shapes to time (default teaching)
                                         teaching: B=4 H=8 N=1024 d=64; headline: B=4 H=16 N=4096 d=64;
                                         sweep: B=1 H=16 d=64, N = 256 ... 16384
+                                        accuracy: B=1 H=4 d=64, N = 1024 ... 32768, inputs in [-1, 1)
+                                        accuracy-wide: the same with Q in [-30, 30): logits of standard
+                                        deviation 10, a wide dynamic range for the softmax sums
+                                        (the accuracy suites are not part of "all")
                                         trace: step 02's matrix trace, whole matrix vs diagonal only over
                                         PCIe, end to end, n x n for n = 1024 ... 16384; its own table and
                                         CSV (--csv, default fa-bench-trace.csv); other options do not apply
@@ -55,6 +59,7 @@ const char* kHelp = R"(usage: fa-bench [options]
 struct Shape {
   std::string suite;
   int batch, q_len, kv_len, q_heads, kv_heads, head_dim;
+  double q_range = 1.0;  ///< Q is drawn from [-q_range, q_range); K and V from [-1, 1)
 };
 
 std::vector<Shape> suite_shapes(const std::string& suite) {
@@ -63,6 +68,11 @@ std::vector<Shape> suite_shapes(const std::string& suite) {
   if (suite == "headline" || suite == "all") shapes.push_back({"headline", 4, 4096, 4096, 16, 16, 64});
   if (suite == "sweep" || suite == "all")
     for (int n = 256; n <= 16384; n *= 2) shapes.push_back({"sweep", 1, n, n, 16, 16, 64});
+  // Error against the float64 reference as N grows: the softmax sums and the
+  // P.V accumulation have N terms. "wide" scales Q so scores spread over ~+-30.
+  if (suite == "accuracy" || suite == "accuracy-wide")
+    for (int n = 1024; n <= 32768; n *= 2)
+      shapes.push_back({suite, 1, n, n, 4, 4, 64, suite == "accuracy" ? 1.0 : 30.0});
   if (shapes.empty()) throw std::invalid_argument("unknown suite '" + suite + "'");
   return shapes;
 }
@@ -72,7 +82,7 @@ struct Row {
   std::string suite;
   const StepInfo* step;
   AttentionProblem problem;
-  double ms, ms_min, ms_max, tflops, rel_err;
+  double ms, ms_min, ms_max, tflops, rel_err, max_err;
   std::size_t extra_bytes;
   int reps;
   double speedup_prev = NAN, speedup_01 = NAN, vs_cublas = NAN;
@@ -128,7 +138,8 @@ SampledReference sample_reference(const AttentionProblem& p, const AttentionInpu
   return ref;
 }
 
-double sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const SampledReference& ref) {
+/// Relative L2 and max abs error of the sampled rows (NaN when any output is not finite).
+ErrorStats sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const SampledReference& ref) {
   HostTensor out(p.dtype, q_shape(p));
   o.download(out.bytes.data(), out.byte_size());
   std::vector<double> got;
@@ -136,8 +147,9 @@ double sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const Sam
     const std::int64_t base = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
     for (int c = 0; c < p.head_dim; ++c) got.push_back(out.get(base + c));
   }
-  const ErrorStats stats = compare(got.data(), ref.values.data(), std::int64_t(got.size()));
-  return stats.non_finite ? NAN : stats.rel_l2;
+  ErrorStats stats = compare(got.data(), ref.values.data(), std::int64_t(got.size()));
+  if (stats.non_finite) stats.rel_l2 = stats.max_abs = NAN;
+  return stats;
 }
 
 struct Timing {
@@ -186,18 +198,19 @@ std::string fmt_sci(double value) {
 }
 
 void print_header() {
-  std::printf("%-9s %-8s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s\n", "step", "suite",
+  std::printf("%-9s %-8s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n", "step", "suite",
               "type", "B", "Nq", "Nkv", "Hq", "Hkv", "d", "causal", "ms", "TFLOPS", "x prev", "x 01",
-              "x cuBLAS", "extra MiB", "rel_err");
+              "x cuBLAS", "extra MiB", "rel_err", "max_err");
 }
 
 void print_row(const Row& r) {
   const auto& p = r.problem;
-  std::printf("%-9s %-8s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s\n",
+  std::printf("%-9s %-8s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n",
               r.step->label().c_str(), r.suite.c_str(), to_string(p.dtype), p.batch, p.q_len, p.kv_len,
               p.q_heads, p.kv_heads, p.head_dim, p.causal ? "yes" : "no", fmt(r.ms, 4).c_str(),
               fmt(r.tflops, 3).c_str(), fmt(r.speedup_prev, 2).c_str(), fmt(r.speedup_01, 1).c_str(),
-              fmt(r.vs_cublas, 3).c_str(), fmt(r.extra_bytes / 1048576.0, 1).c_str(), fmt_sci(r.rel_err).c_str());
+              fmt(r.vs_cublas, 3).c_str(), fmt(r.extra_bytes / 1048576.0, 1).c_str(), fmt_sci(r.rel_err).c_str(),
+              fmt_sci(r.max_err).c_str());
   std::fflush(stdout);
 }
 
@@ -205,7 +218,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
   std::ofstream csv(path);
   if (!csv) throw std::runtime_error("cannot write " + path);
   csv << "step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
-         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas\n";
+         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err\n";
   csv.precision(6);
   for (const auto& r : rows) {
     const auto& p = r.problem;
@@ -213,7 +226,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
         << p.q_len << ',' << p.kv_len << ',' << p.q_heads << ',' << p.kv_heads << ',' << p.head_dim << ','
         << (p.causal ? 1 : 0) << ',' << r.ms << ',' << r.tflops << ',' << r.extra_bytes << ',' << r.rel_err
         << ",\"" << gpu << "\"," << r.suite << ',' << r.ms_min << ',' << r.ms_max << ',' << r.reps << ','
-        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << '\n';
+        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << ',' << r.max_err << '\n';
   }
 }
 
@@ -275,7 +288,7 @@ int run(int argc, char** argv) {
         validate(p);
         std::fprintf(stderr, "[%zu/%zu] %s: preparing inputs and %d reference rows\n", config, configs,
                      p.describe().c_str(), sample_rows);
-        const AttentionInputs inputs = random_inputs(p, seed + config);
+        const AttentionInputs inputs = random_inputs(p, seed + config, shape.q_range);
         const SampledReference ref = sample_reference(p, inputs, sample_rows, seed + config);
         const std::size_t set_bytes = inputs.q.byte_size() * 2 + inputs.k.byte_size() * 2;
         InputSets sets(p, inputs, copies_to_leave_l2(set_bytes));
@@ -315,7 +328,7 @@ int run(int argc, char** argv) {
           step->launch(p, sets.tensors(0), nullptr);
           first_call.stop();
           const double first_ms = first_call.elapsed_ms();
-          const double rel_err = sampled_error(p, sets.o[0], ref);
+          const ErrorStats error = sampled_error(p, sets.o[0], ref);
           if (first_ms > max_ms) {
             skip("one call took " + fmt(first_ms, 0) + " ms, over --max-ms " + fmt(max_ms, 0));
             sets.workspace = DeviceBuffer();
@@ -324,7 +337,8 @@ int run(int argc, char** argv) {
           const Timing t = time_step(*step, p, sets, reps);
           sets.workspace = DeviceBuffer();
 
-          Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops() / (t.median * 1e9), rel_err, extra, t.reps};
+          Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops() / (t.median * 1e9),
+                  error.rel_l2, error.max_abs, extra, t.reps};
           last_measured[step] = {t.median, p.flops()};
           // Speedups against what was measured on this same configuration.
           const bool is_step = step != &cublas_baseline();

@@ -71,8 +71,8 @@ HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint
   return t;
 }
 
-AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed) {
-  return {random_tensor(p.dtype, q_shape(p), seed * 3 + 1),
+AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed, double q_range) {
+  return {random_tensor(p.dtype, q_shape(p), seed * 3 + 1, -q_range, q_range),
           random_tensor(p.dtype, kv_shape(p), seed * 3 + 2),
           random_tensor(p.dtype, kv_shape(p), seed * 3 + 3)};
 }

@@ -43,6 +43,9 @@ HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint
 struct AttentionInputs {
   HostTensor q, k, v;
 };
-AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed);
+/// Q uniform in [-q_range, q_range), K and V uniform in [-1, 1), all from one
+/// seed. A larger q_range spreads the scores (logits) wider: with d = 64 and the
+/// default scale their standard deviation is about q_range / 3.
+AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed, double q_range = 1.0);
 
 }  // namespace fa

@@ -25,6 +25,12 @@ namespace step05 { void launch_pad1(const AttentionProblem&, const AttentionTens
                    KernelResources resources_pad4(const AttentionProblem&);
                    KernelResources resources_pad4_vec4(const AttentionProblem&);
                    KernelResources resources_transpose(const AttentionProblem&); }
+namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br16(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br32(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   KernelResources resources_br8(const AttentionProblem&);
+                   KernelResources resources_br16(const AttentionProblem&);
+                   KernelResources resources_br32(const AttentionProblem&); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -53,6 +59,12 @@ const std::vector<StepInfo>& all_steps() {
       {"05", "transpose", "bank_conflicts", "K/V tiles stored transposed: conflict-free reads, 32-way conflicted stores",
        {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose, nullptr,
        &step05::resources_transpose},
+      {"06", "br8", "sp_reuse", "S and P share one shared tile, O in registers; Br = 8 rows, 256 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br8, nullptr, &step06::resources_br8},
+      {"06", "br16", "sp_reuse", "S and P share one shared tile, O in registers; Br = 16 rows, 512 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br16, nullptr, &step06::resources_br16},
+      {"06", "br32", "sp_reuse", "S and P share one shared tile, O in registers; Br = 32 rows, 1024 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br32, nullptr, &step06::resources_br32},
   };
   return steps;
 }

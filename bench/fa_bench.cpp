@@ -5,6 +5,7 @@
 //   fa-bench --suite all --csv r.csv teaching + headline + sequence sweep
 //   fa-bench --steps 03,04 --dtypes f16 --causal no --shape 2,512,512,8,2,64
 //   fa-bench --suite trace           step 02's matrix trace lesson (trace_bench.cpp)
+//   fa-bench --resources --steps 05,06  shared memory, registers, occupancy per kernel (no launch)
 //
 // Method: inputs are uploaded once per shape into enough copies to overflow the
 // L2 cache, and the launches rotate through them; each step runs once for the
@@ -54,6 +55,10 @@ const char* kHelp = R"(usage: fa-bench [options]
   --sample-rows N                       output rows checked against the CPU reference (default 64)
   --seed N                              input seed (default 1)
   --no-baseline                         skip the cuBLAS baseline
+  --resources                           instead of timing: threads, shared memory, registers and
+                                        occupancy of each selected step's kernel for every dtype and
+                                        head_dim it supports (steps whose registry entry reports them);
+                                        nothing is launched; CSV to --csv (default fa-bench-resources.csv)
 )";
 
 struct Shape {
@@ -230,10 +235,60 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
   }
 }
 
+// --resources: what the compiler (registers, static shared memory) and the
+// occupancy calculator (resident blocks per SM) say about the kernel each step
+// would launch, for every dtype and head_dim it supports. Nothing is launched.
+int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<DType>& dtypes,
+                  const std::string& csv_path) {
+  if (!gpu_available()) {
+    std::fprintf(stderr, "fa-bench: no CUDA device found; --resources asks the device's occupancy calculator\n");
+    return 2;
+  }
+  int device = 0, max_threads_per_sm = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  const int max_warps_per_sm = max_threads_per_sm / 32;
+  const std::string gpu = gpu_name();
+  std::ofstream csv(csv_path);
+  if (!csv) throw std::runtime_error("cannot write " + csv_path);
+  csv << "step,variant,dtype,head_dim,threads_per_block,shared_bytes,registers,blocks_per_sm,warps_per_sm,"
+         "occupancy_pct,gpu\n";
+  std::printf("kernel resources on %s (%d warps per SM at most): shared = dynamic + static per block\n",
+              gpu.c_str(), max_warps_per_sm);
+  std::printf("%-13s %-4s %4s %8s %13s %9s %9s %9s %10s\n", "step", "type", "d", "threads", "shared B/blk",
+              "regs/thr", "blocks/SM", "warps/SM", "occupancy");
+  int rows = 0;
+  for (const StepInfo* step : steps) {
+    if (!step->resources) {
+      std::fprintf(stderr, "  skip %s: its registry entry reports no resources\n", step->label().c_str());
+      continue;
+    }
+    for (DType dtype : dtypes) {
+      if (!step->supports(dtype)) continue;
+      for (int head_dim : step->head_dims) {
+        AttentionProblem p;
+        p.head_dim = head_dim, p.dtype = dtype;
+        const KernelResources r = step->resources(p);
+        const int warps = r.blocks_per_sm * ((r.threads_per_block + 31) / 32);
+        const double occupancy = 100.0 * warps / max_warps_per_sm;
+        std::printf("%-13s %-4s %4d %8d %13d %9d %9d %9d %9s%%\n", step->label().c_str(), to_string(dtype),
+                    head_dim, r.threads_per_block, r.shared_bytes, r.registers, r.blocks_per_sm, warps,
+                    fmt(occupancy, 1).c_str());
+        csv << step->id << ',' << step->variant << ',' << to_string(dtype) << ',' << head_dim << ','
+            << r.threads_per_block << ',' << r.shared_bytes << ',' << r.registers << ',' << r.blocks_per_sm << ','
+            << warps << ',' << occupancy << ",\"" << gpu << "\"\n";
+        ++rows;
+      }
+    }
+  }
+  std::printf("wrote %d rows to %s\n", rows, csv_path.c_str());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed"},
-                  {"help", "no-baseline"});
+                  {"help", "no-baseline", "resources"});
   if (args.has("help")) {
     std::cout << kHelp;
     return 0;
@@ -251,6 +306,7 @@ int run(int argc, char** argv) {
   const auto steps = select_steps(args.get("steps", "all"));
   std::vector<DType> dtypes;
   for (const auto& d : Args::split(args.get("dtypes", "f32,f16"))) dtypes.push_back(parse_dtype(d));
+  if (args.has("resources")) return run_resources(steps, dtypes, args.get("csv", "fa-bench-resources.csv"));
   const std::string causal_opt = args.get("causal", "both");
   std::vector<bool> causals;
   if (causal_opt == "no" || causal_opt == "both") causals.push_back(false);

@@ -15,11 +15,22 @@ namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&,
 namespace step02 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 namespace step03 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
-namespace step04 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step04 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   KernelResources resources(const AttentionProblem&); }
 namespace step05 { void launch_pad1(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_pad4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_pad4_vec4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_transpose(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+                   void launch_transpose(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   KernelResources resources_pad1(const AttentionProblem&);
+                   KernelResources resources_pad4(const AttentionProblem&);
+                   KernelResources resources_pad4_vec4(const AttentionProblem&);
+                   KernelResources resources_transpose(const AttentionProblem&); }
+namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br16(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br32(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   KernelResources resources_br8(const AttentionProblem&);
+                   KernelResources resources_br16(const AttentionProblem&);
+                   KernelResources resources_br32(const AttentionProblem&); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -35,15 +46,25 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step03::launch, &step03::workspace_bytes},
       {"04", "", "tiled_online_softmax",
        "FA2 loop order: a block keeps its Q tile and O, l, m on chip and streams K/V tiles past it",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step04::launch},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step04::launch, nullptr, &step04::resources},
       {"05", "pad1", "bank_conflicts", "K/V shared rows padded by one word: lane x starts in bank x",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad1},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad1, nullptr,
+       &step05::resources_pad1},
       {"05", "pad4", "bank_conflicts", "K/V shared rows padded by four words, scalar reads: still 4-way conflicts",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4, nullptr,
+       &step05::resources_pad4},
       {"05", "pad4_vec4", "bank_conflicts", "K/V shared rows padded by four words, read as float4: conflict-free",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4_vec4},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4_vec4, nullptr,
+       &step05::resources_pad4_vec4},
       {"05", "transpose", "bank_conflicts", "K/V tiles stored transposed: conflict-free reads, 32-way conflicted stores",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose, nullptr,
+       &step05::resources_transpose},
+      {"06", "br8", "sp_reuse", "S and P share one shared tile, O in registers; Br = 8 rows, 256 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br8, nullptr, &step06::resources_br8},
+      {"06", "br16", "sp_reuse", "S and P share one shared tile, O in registers; Br = 16 rows, 512 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br16, nullptr, &step06::resources_br16},
+      {"06", "br32", "sp_reuse", "S and P share one shared tile, O in registers; Br = 32 rows, 1024 threads",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br32, nullptr, &step06::resources_br32},
   };
   return steps;
 }

@@ -22,6 +22,10 @@ namespace fa {
 using LaunchFn = void (*)(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
 /// Bytes of scratch device memory a call needs (beyond Q, K, V and O).
 using WorkspaceFn = std::size_t (*)(const AttentionProblem&);
+/// Threads, shared memory, registers and resident blocks per SM of the kernel
+/// the launcher would launch for this problem (fa-bench --resources). Needs a
+/// device; launches nothing. Throws InvalidProblem where the launcher would.
+using ResourcesFn = KernelResources (*)(const AttentionProblem&);
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
 struct StepInfo {
@@ -33,6 +37,7 @@ struct StepInfo {
   std::vector<int> head_dims;  ///< head dimensions it accepts
   LaunchFn launch = nullptr;
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
+  ResourcesFn resources = nullptr;        ///< nullptr: resources not reported
 
   bool supports(DType dtype) const;
   bool supports_head_dim(int head_dim) const;

@@ -12,6 +12,7 @@
 // reading K_j[x][k] (or V_j[x][c]) hit addresses head_dim floats apart, all in
 // the same bank. Those bank conflicts are step 05's subject.
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/problem.hpp"
 
 #include <cuda_fp16.h>
@@ -198,6 +199,13 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
+// Block size, shared memory and occupancy of the kernel launch_typed<T, D> launches.
+template <class T, int D>
+KernelResources resources_typed() {
+  return kernel_resources(reinterpret_cast<const void*>(&tiled_online_softmax_kernel<T, D>), kThreadsPerBlock,
+                          shared_bytes(D));
+}
+
 }  // namespace
 
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
@@ -216,6 +224,17 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     case DType::f16: return launch_for_head_dim<__half>(p, t, stream);
   }
   throw_unsupported("step 04", "dtype", to_string(p.dtype), "f32, f16");
+}
+
+/// Resources of the kernel launch() would launch for p (fa-bench --resources).
+KernelResources resources(const AttentionProblem& p) {
+  const bool f16 = p.dtype == DType::f16;
+  switch (p.head_dim) {
+    case 32: return f16 ? resources_typed<__half, 32>() : resources_typed<float, 32>();
+    case 64: return f16 ? resources_typed<__half, 64>() : resources_typed<float, 64>();
+    case 128: return f16 ? resources_typed<__half, 128>() : resources_typed<float, 128>();
+  }
+  throw_unsupported("step 04", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
 }
 
 }  // namespace fa::step04

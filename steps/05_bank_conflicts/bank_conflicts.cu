@@ -19,6 +19,7 @@
 //              the transposed tile, Bc words apart, a 32-way conflict on the store.
 // Everything else is step 04's kernel, line for line.
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/problem.hpp"
 
 #include <cuda_fp16.h>
@@ -246,6 +247,24 @@ void launch_layout(const AttentionProblem& p, const AttentionTensors& t, cudaStr
   throw_unsupported("step 05", "dtype", to_string(p.dtype), "f32, f16");
 }
 
+// Block size, shared memory and occupancy of the kernel launch_typed<L, T, D> launches.
+template <Layout L, class T, int D>
+KernelResources resources_typed() {
+  return kernel_resources(reinterpret_cast<const void*>(&bank_conflicts_kernel<T, D, L>), kThreadsPerBlock,
+                          shared_bytes<L, D>());
+}
+
+template <Layout L>
+KernelResources resources_layout(const AttentionProblem& p) {
+  const bool f16 = p.dtype == DType::f16;
+  switch (p.head_dim) {
+    case 32: return f16 ? resources_typed<L, __half, 32>() : resources_typed<L, float, 32>();
+    case 64: return f16 ? resources_typed<L, __half, 64>() : resources_typed<L, float, 64>();
+    case 128: return f16 ? resources_typed<L, __half, 128>() : resources_typed<L, float, 128>();
+  }
+  throw_unsupported("step 05", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
+}
+
 }  // namespace
 
 /// Step 05 with K/V rows padded by one word (scalar reads).
@@ -264,5 +283,14 @@ void launch_pad4_vec4(const AttentionProblem& p, const AttentionTensors& t, cuda
 void launch_transpose(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   launch_layout<Layout::transpose>(p, t, stream);
 }
+
+/// Resources of the kernel launch_pad1 would launch for p (fa-bench --resources).
+KernelResources resources_pad1(const AttentionProblem& p) { return resources_layout<Layout::pad1>(p); }
+/// Resources of the kernel launch_pad4 would launch for p.
+KernelResources resources_pad4(const AttentionProblem& p) { return resources_layout<Layout::pad4>(p); }
+/// Resources of the kernel launch_pad4_vec4 would launch for p.
+KernelResources resources_pad4_vec4(const AttentionProblem& p) { return resources_layout<Layout::pad4_vec4>(p); }
+/// Resources of the kernel launch_transpose would launch for p.
+KernelResources resources_transpose(const AttentionProblem& p) { return resources_layout<Layout::transpose>(p); }
 
 }  // namespace fa::step05

@@ -20,6 +20,7 @@ namespace step05 { void launch_pad1(const AttentionProblem&, const AttentionTens
                    void launch_pad4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_pad4_vec4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_transpose(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step08 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -44,6 +45,9 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4_vec4},
       {"05", "transpose", "bank_conflicts", "K/V tiles stored transposed: conflict-free reads, 32-way conflicted stores",
        {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose},
+      {"08", "", "register_tiling",
+       "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch},
   };
   return steps;
 }

@@ -2,7 +2,7 @@
 // 8 x (d/8) tile of O in registers, as the best FP32 SGEMM kernels do.
 //
 // What changed from step 06 (step 07 was the double-precision detour):
-// - Step 06 gave each thread one score S[y][x] and one column of O per 32, so
+// - Step 06 gave each thread one score S[y][x] and every 32nd column of O, so
 //   every multiply-add needed about one shared-memory load. Here thread
 //   (ty, tx) owns rows {4ty..4ty+3, 64+4ty..} and keys {4tx..4tx+3, 32+4tx..}
 //   of a Br x Bc = 128 x 64 tile: per k it reads 8 values of Q and 8 of K

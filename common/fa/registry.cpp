@@ -31,6 +31,7 @@ namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTenso
                    KernelResources resources_br8(const AttentionProblem&);
                    KernelResources resources_br16(const AttentionProblem&);
                    KernelResources resources_br32(const AttentionProblem&); }
+namespace step08 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -65,6 +66,9 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br16, nullptr, &step06::resources_br16},
       {"06", "br32", "sp_reuse", "S and P share one shared tile, O in registers; Br = 32 rows, 1024 threads",
        {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br32, nullptr, &step06::resources_br32},
+      {"08", "", "register_tiling",
+       "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch},
   };
   return steps;
 }

@@ -52,7 +52,7 @@ const StepInfo& cublas_baseline() {
   static const StepInfo baseline = {
       "cublas", "", "cublas standard attention",
       "S = QK^T with cuBLAS, softmax kernel, O = PV with cuBLAS (N x N scores in memory)",
-      {DType::f32, DType::f16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
+      {DType::f32, DType::f16, DType::bf16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
   return baseline;
 }
 

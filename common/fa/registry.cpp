@@ -20,6 +20,8 @@ namespace step05 { void launch_pad1(const AttentionProblem&, const AttentionTens
                    void launch_pad4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_pad4_vec4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_transpose(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step09 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br64(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -44,6 +46,11 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4_vec4},
       {"05", "transpose", "bank_conflicts", "K/V tiles stored transposed: conflict-free reads, 32-way conflicted stores",
        {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose},
+      {"09", "br128", "tensor_cores",
+       "FA2 forward on tensor cores: mma.sync m16n8k16, ldmatrix from swizzled tiles, P in registers, Br = 128",
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch},
+      {"09", "br64", "tensor_cores", "step 09 with Br = 64 (4 warps): more, smaller blocks; twice the K/V reads",
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch_br64},
   };
   return steps;
 }

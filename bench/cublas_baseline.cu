@@ -6,13 +6,14 @@
 //
 // The scores are materialised in device memory (the workspace), which is what
 // FlashAttention avoids. f32 runs in true FP32 (cuBLAS's default math mode, no
-// TF32); f16 multiplies half inputs with float accumulation, stores S in float
-// and P in half (like PyTorch's math path). GQA is handled with pointer arrays:
-// query head h multiplies KV head h / group.
+// TF32); f16 and bf16 multiply 16-bit inputs with float accumulation, store S
+// in float and P in the input type (like PyTorch's math path). GQA is handled
+// with pointer arrays: query head h multiplies KV head h / group.
 #include "fa/cuda_check.hpp"
 #include "fa/problem.hpp"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <stdexcept>
@@ -39,7 +40,7 @@ cublasHandle_t handle() {
 
 std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Workspace layout: S (float), P (half; f16 only), six pointer arrays.
+// Workspace layout: S (float), P (16-bit; f16 and bf16 only), six pointer arrays.
 struct Layout {
   std::size_t s_offset, p_offset, pointers_offset, total;
 };
@@ -49,7 +50,7 @@ Layout layout(const AttentionProblem& p) {
   Layout l{};
   l.s_offset = 0;
   l.p_offset = align256(scores * sizeof(float));
-  l.pointers_offset = l.p_offset + (p.dtype == DType::f16 ? align256(scores * sizeof(__half)) : 0);
+  l.pointers_offset = l.p_offset + (p.dtype != DType::f32 ? align256(scores * sizeof(__half)) : 0);
   l.total = l.pointers_offset + align256(6 * heads * sizeof(void*));
   return l;
 }
@@ -78,6 +79,7 @@ __global__ void make_pointers(const char* Q, const char* K, const char* V, char*
 
 __device__ void store(float* out, int j, float x) { out[j] = x; }
 __device__ void store(__half* out, int j, float x) { out[j] = __float2half_rn(x); }
+__device__ void store(__nv_bfloat16* out, int j, float x) { out[j] = __float2bfloat16_rn(x); }
 
 // Row-wise safe softmax of S into P (P may alias S when both are float).
 template <int kThreads, class TP>
@@ -121,18 +123,18 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
   validate(p);
   if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128)
     throw_unsupported("cublas baseline", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-  if (p.dtype != DType::f32 && p.dtype != DType::f16)
-    throw_unsupported("cublas baseline", "dtype", to_string(p.dtype), "f32, f16");
+  if (p.dtype != DType::f32 && p.dtype != DType::f16 && p.dtype != DType::bf16)
+    throw_unsupported("cublas baseline", "dtype", to_string(p.dtype), "f32, f16, bf16");
   if (std::size_t(p.q_len) * p.kv_len > std::size_t(1) << 31)
     throw InvalidProblem("cublas baseline: q_len * kv_len = " + std::to_string(std::size_t(p.q_len) * p.kv_len) +
                          " scores per head exceed 2^31");
   if (!t.workspace) throw InvalidProblem("cublas baseline: needs a workspace of workspace_bytes()");
 
-  const bool half = p.dtype == DType::f16;
+  const bool narrow = p.dtype != DType::f32;  // f16 or bf16: P gets its own 16-bit buffer
   const Layout l = layout(p);
   char* ws = static_cast<char*>(t.workspace);
   float* S = reinterpret_cast<float*>(ws + l.s_offset);
-  void* P = half ? static_cast<void*>(ws + l.p_offset) : static_cast<void*>(S);
+  void* P = narrow ? static_cast<void*>(ws + l.p_offset) : static_cast<void*>(S);
   const int heads = p.batch * p.q_heads;
   void** arrays = reinterpret_cast<void**>(ws + l.pointers_offset);
   const void** q_ptr = const_cast<const void**>(arrays);
@@ -146,12 +148,13 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
       static_cast<const char*>(t.q), static_cast<const char*>(t.k), static_cast<const char*>(t.v),
       static_cast<char*>(t.o), S, P, q_ptr, k_ptr, v_ptr, o_ptr, s_ptr, p_ptr,
       Dims{p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim},
-      int(size_of(p.dtype)), half ? 2 : 4);
+      int(size_of(p.dtype)), narrow ? 2 : 4);
   FA_CHECK_LAUNCH();
 
   cublasHandle_t h = handle();
   check_cublas(cublasSetStream(h, stream), "cublasSetStream");
-  const cudaDataType io_type = half ? CUDA_R_16F : CUDA_R_32F;
+  const cudaDataType io_type =
+      p.dtype == DType::f16 ? CUDA_R_16F : p.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const float scale = p.softmax_scale(), one = 1.f, zero = 0.f;
   const int d = p.head_dim;
 
@@ -164,8 +167,11 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
   constexpr int kThreads = 256;
   const unsigned rows = unsigned(heads) * unsigned(p.q_len);
-  if (half)
+  if (p.dtype == DType::f16)
     softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, static_cast<__half*>(P), p.q_len, p.kv_len, p.causal);
+  else if (p.dtype == DType::bf16)
+    softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, static_cast<__nv_bfloat16*>(P), p.q_len, p.kv_len,
+                                                          p.causal);
   else
     softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, S, p.q_len, p.kv_len, p.causal);
   FA_CHECK_LAUNCH();

@@ -1,7 +1,7 @@
 // fa-bench: times every registered step (and the cuBLAS baseline) with CUDA
 // events and prints one table; the same rows go to a CSV that the plots read.
 //
-//   fa-bench                         teaching shape, every step, f32 and f16, causal off and on
+//   fa-bench                         teaching shape, every step, every dtype a step takes, causal off and on
 //   fa-bench --suite all --csv r.csv teaching + headline + sequence sweep
 //   fa-bench --steps 03,04 --dtypes f16 --causal no --shape 2,512,512,8,2,64
 //   fa-bench --suite trace           step 02's matrix trace lesson (trace_bench.cpp)
@@ -47,7 +47,7 @@ const char* kHelp = R"(usage: fa-bench [options]
                                         CSV (--csv, default fa-bench-trace.csv); other options do not apply
   --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
-  --dtypes LIST                         f32,f16 (default both)
+  --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
   --csv FILE                            CSV output (default fa-bench.csv)
   --max-ms MS                           skip a step whose predicted time per call exceeds MS (default 2000)
@@ -305,7 +305,13 @@ int run(int argc, char** argv) {
   }
   const auto steps = select_steps(args.get("steps", "all"));
   std::vector<DType> dtypes;
-  for (const auto& d : Args::split(args.get("dtypes", "f32,f16"))) dtypes.push_back(parse_dtype(d));
+  if (args.has("dtypes")) {
+    for (const auto& d : Args::split(args.get("dtypes", ""))) dtypes.push_back(parse_dtype(d));
+  } else {  // bf16 rows only when a selected step (not just the baseline) takes bf16
+    for (DType d : kAllDTypes)
+      if (std::any_of(steps.begin(), steps.end(), [&](const StepInfo* s) { return s->supports(d); }))
+        dtypes.push_back(d);
+  }
   if (args.has("resources")) return run_resources(steps, dtypes, args.get("csv", "fa-bench-resources.csv"));
   const std::string causal_opt = args.get("causal", "both");
   std::vector<bool> causals;

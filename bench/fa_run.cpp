@@ -6,6 +6,9 @@
 // Tensors are .npy files of float32 or float16, shaped [B, N, H, d]; K and V
 // may have fewer heads than Q (grouped-query attention). --check compares the
 // output with the float64 CPU reference and prints the errors.
+// NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
+// output as float32 (exactly), and float32 files given with --dtype bf16 are
+// rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
 #include "cli.hpp"
 #include "fa/compare.hpp"
 #include "fa/device.hpp"
@@ -22,7 +25,9 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --out O.npy | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
-       [--dtype f32|f16] [--causal] [--scale S] [--seed N] [--check]
+       [--dtype f32|f16|bf16] [--causal] [--scale S] [--seed N] [--check]
+       bf16 .npy files do not exist: bf16 tensors are written as float32, and
+       float32 files with --dtype bf16 are rounded to bf16
 )";
 
 std::string shape_text(const HostTensor& t) {
@@ -83,8 +88,13 @@ int run(int argc, char** argv) {
       if (!args.has(name)) throw std::invalid_argument(std::string("missing --") + name + " (or use --random)");
     inputs = {read_npy(args.get("q", "")), read_npy(args.get("k", "")), read_npy(args.get("v", ""))};
     p = problem_from(inputs);
-    if (args.has("dtype") && parse_dtype(args.get("dtype", "")) != p.dtype)
-      throw std::invalid_argument("--dtype does not match the files' dtype " + std::string(to_string(p.dtype)));
+    if (args.has("dtype") && parse_dtype(args.get("dtype", "")) != p.dtype) {
+      if (parse_dtype(args.get("dtype", "")) != DType::bf16 || p.dtype != DType::f32)
+        throw std::invalid_argument("--dtype does not match the files' dtype " + std::string(to_string(p.dtype)) +
+                                    " (only float32 files may be rounded, to --dtype bf16)");
+      inputs = {converted(inputs.q, DType::bf16), converted(inputs.k, DType::bf16), converted(inputs.v, DType::bf16)};
+      p.dtype = DType::bf16;
+    }
     out_path = args.get("out", "");
   }
   p.causal = args.has("causal");

@@ -2,7 +2,7 @@
 // reference, on every dtype it accepts, causal off and on, over a table of
 // shapes chosen to break tiled kernels: lengths 1, 7, 100, 1000, lengths that
 // are multiples of no tile size, q_len != kv_len both ways, GQA 8/2, MQA 8/1,
-// every supported head_dim. The output is poisoned with NaN before each launch
+// every supported head_dim, every dtype a step lists (f32, f16, bf16). The output is poisoned with NaN before each launch
 // and every element must be overwritten.
 #include "fa/compare.hpp"
 #include "fa/registry.hpp"
@@ -66,7 +66,7 @@ std::uint64_t fresh_seed() {
 TEST_CASE("attention matches the float64 CPU reference", "[gpu][attention]") {
   FA_REQUIRE_GPU();
   const Shape shape = GENERATE(from_range(shapes()));
-  const DType dtype = GENERATE(DType::f32, DType::f16);
+  const DType dtype = GENERATE(DType::f32, DType::f16, DType::bf16);
   const bool causal = GENERATE(false, true);
 
   AttentionProblem p;

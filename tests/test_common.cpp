@@ -53,10 +53,11 @@ TEST_CASE("poisoning with 0xFF bytes gives NaN in every element type", "[cpu][co
   std::memcpy(&f, &f32_bits, 4);
   CHECK(std::isnan(f));
   CHECK(std::isnan(half_bits_to_float(0xFFFF)));
+  CHECK(std::isnan(bf16_bits_to_float(0xFFFF)));
 }
 
 TEST_CASE("compare catches NaN, small and large errors", "[cpu][compare]") {
-  for (DType dtype : {DType::f32, DType::f16}) {
+  for (DType dtype : kAllDTypes) {
     INFO("dtype " << to_string(dtype));
     const HostTensor t = random_tensor(dtype, {4, 33}, 7);
     const std::vector<double> ref = t.to_double();
@@ -93,6 +94,16 @@ TEST_CASE("random tensors are seeded, in range and rounded to their dtype", "[cp
   CHECK(h.get(0) == 1.0);
   h.set(0, 0.333333);
   CHECK(h.get(0) == Approx(0.333333).epsilon(1e-3));
+
+  HostTensor bf(DType::bf16, {1});
+  bf.set(0, 1.0 + 2e-3);  // below half a bf16 ulp at 1 (2^-7 / 2 = 3.9e-3): rounds to 1
+  CHECK(bf.get(0) == 1.0);
+  bf.set(0, 0.333333);
+  CHECK(bf.get(0) != 0.333333);
+  CHECK(bf.get(0) == Approx(0.333333).epsilon(4e-3));
+  bf.set(0, 1e30);  // float's exponent range: no overflow where half would give inf
+  CHECK(bf.get(0) == Approx(1e30).epsilon(4e-3));
+  CHECK(std::string(to_string(parse_dtype("bfloat16"))) == "bf16");
 }
 
 TEST_CASE(".npy files round-trip and bad files are refused clearly", "[cpu][npy]") {
@@ -105,12 +116,27 @@ TEST_CASE(".npy files round-trip and bad files are refused clearly", "[cpu][npy]
     CHECK(back.shape == t.shape);
     CHECK(back.bytes == t.bytes);
   }
+  {  // numpy has no bfloat16: bf16 is written as float32, exactly, and rounds back bit for bit
+    const HostTensor t = random_tensor(DType::bf16, {2, 3, 4, 5}, 3);
+    write_npy(path, t);
+    const HostTensor back = read_npy(path);
+    CHECK(back.dtype == DType::f32);
+    CHECK(back.shape == t.shape);
+    CHECK(back.to_double() == t.to_double());
+    CHECK(converted(back, DType::bf16).bytes == t.bytes);
+  }
   {
     const std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n";
     std::ofstream bad(path, std::ios::binary);
     bad << "\x93NUMPY\x01" << char(0) << char(header.size()) << char(0) << header << std::string(16, '\0');
   }
   CHECK_THROWS_WITH(read_npy(path), Contains("<f8") && Contains("not supported"));
+  {
+    const std::string header = "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }\n";
+    std::ofstream bad(path, std::ios::binary);
+    bad << "\x93NUMPY\x01" << char(0) << char(header.size()) << char(0) << header << std::string(4, '\0');
+  }
+  CHECK_THROWS_WITH(read_npy(path), Contains("bfloat16") && Contains("float32"));
   CHECK_THROWS_WITH(read_npy("does_not_exist.npy"), Contains("cannot open"));
   std::remove(path.c_str());
 }

@@ -57,7 +57,7 @@ TEST_CASE("launchers refuse head_dims and dtypes their registry entry does not l
       p.head_dim = head_dim;
       CHECK_THROWS_WITH(step->launch(p, null_tensors, nullptr), Contains("head_dim"));
     }
-    for (DType dtype : {DType::f32, DType::f16}) {
+    for (DType dtype : kAllDTypes) {
       if (step->supports(dtype)) continue;
       INFO("dtype " << to_string(dtype));
       auto p = supported_problem(*step);

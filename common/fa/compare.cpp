@@ -11,6 +11,7 @@ Tolerance tolerance_for(DType dtype) {
   switch (dtype) {
     case DType::f32: return {1e-5, 1e-5};
     case DType::f16: return {2e-3, 4e-3};
+    case DType::bf16: return {1.6e-2, 3.2e-2};
   }
   throw std::logic_error("tolerance_for: unknown dtype");
 }

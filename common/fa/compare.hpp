@@ -30,6 +30,9 @@ struct Tolerance {
 /// stays near 1e-6 relative; 1e-5 leaves room without hiding bugs (a wrong
 /// mask or scale gives errors of order 1e-1). f16: the output alone is rounded
 /// to 11 bits (relative 2^-11 = 4.9e-4 per element), so 2e-3 relative L2.
+/// bf16: 8 significant bits, output rounding 2^-8 = 3.9e-3 relative per element
+/// (and tensor-core steps round P to bf16 too), so f16's bounds times 2^3 for
+/// the three bits bf16 lacks: 1.6e-2 relative L2, 3.2e-2 max abs.
 Tolerance tolerance_for(DType dtype);
 
 /// Compares out (any dtype) with ref element by element.

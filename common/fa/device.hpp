@@ -39,7 +39,7 @@ class DeviceBuffer {
 
   void upload(const void* host, std::size_t bytes);
   void download(void* host, std::size_t bytes) const;
-  /// Fills every byte with 0xFF: NaN for float, half and double alike, so an
+  /// Fills every byte with 0xFF: NaN for float, half, bfloat16 and double alike, so an
   /// element a kernel forgets to write is caught by the comparison.
   void poison();
 

@@ -23,15 +23,17 @@ double HostTensor::get(std::int64_t i) const {
   }
   unsigned short bits;
   std::memcpy(&bits, bytes.data() + i * 2, 2);
-  return half_bits_to_float(bits);
+  return dtype == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
 }
 
 void HostTensor::set(std::int64_t i, double value) {
+  // double -> float -> half/bf16 rounds twice; the values we store (random
+  // inputs, test edits) are far from the ties where that could differ.
+  const float f = static_cast<float>(value);
   if (dtype == DType::f32) {
-    const float f = static_cast<float>(value);
     std::memcpy(bytes.data() + i * 4, &f, 4);
   } else {
-    const unsigned short bits = float_to_half_bits(static_cast<float>(value));
+    const unsigned short bits = dtype == DType::f16 ? float_to_half_bits(f) : float_to_bf16_bits(f);
     std::memcpy(bytes.data() + i * 2, &bits, 2);
   }
 }
@@ -39,6 +41,12 @@ void HostTensor::set(std::int64_t i, double value) {
 std::vector<double> HostTensor::to_double() const {
   std::vector<double> out(static_cast<std::size_t>(numel()));
   for (std::int64_t i = 0; i < numel(); ++i) out[i] = get(i);
+  return out;
+}
+
+HostTensor converted(const HostTensor& tensor, DType dtype) {
+  HostTensor out(dtype, tensor.shape);
+  for (std::int64_t i = 0; i < tensor.numel(); ++i) out.set(i, tensor.get(i));
   return out;
 }
 

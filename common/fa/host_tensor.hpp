@@ -10,7 +10,7 @@
 
 namespace fa {
 
-/// A contiguous host tensor whose elements are stored in `dtype` (f32 or f16 bits).
+/// A contiguous host tensor whose elements are stored in `dtype` (f32, f16 or bf16 bits).
 struct HostTensor {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;
@@ -21,13 +21,16 @@ struct HostTensor {
 
   std::int64_t numel() const;
   std::size_t byte_size() const { return bytes.size(); }
-  /// Element i converted to double (exact for f32 and f16).
+  /// Element i converted to double (exact for every dtype).
   double get(std::int64_t i) const;
   /// Stores value rounded to the tensor's type.
   void set(std::int64_t i, double value);
   /// Every element as double, for the reference.
   std::vector<double> to_double() const;
 };
+
+/// The same values in another dtype, each rounded to nearest (exact when widening).
+HostTensor converted(const HostTensor& tensor, DType dtype);
 
 /// [batch, q_len, q_heads, head_dim] (also the shape of O).
 std::vector<std::int64_t> q_shape(const AttentionProblem& p);

@@ -46,6 +46,9 @@ HostTensor read_npy(const std::string& path) {
   DType dtype;
   if (descr == "<f4") dtype = DType::f32;
   else if (descr == "<f2") dtype = DType::f16;
+  else if (descr == "<u2" || descr == "<V2" || descr == "|V2")
+    fail(path, "element type '" + descr + "' (16-bit raw bits, e.g. bfloat16) is not supported: numpy has no "
+               "bfloat16; save bf16 data as float32 '<f4' and pass --dtype bf16 to round it back");
   else fail(path, "element type '" + descr + "' is not supported (need float32 '<f4' or float16 '<f2')");
   if (std::regex_search(header, std::regex("'fortran_order':\\s*True")))
     fail(path, "Fortran-ordered arrays are not supported (save with np.ascontiguousarray)");
@@ -64,7 +67,10 @@ HostTensor read_npy(const std::string& path) {
   return tensor;
 }
 
-void write_npy(const std::string& path, const HostTensor& tensor) {
+void write_npy(const std::string& path, const HostTensor& tensor_in) {
+  // NumPy cannot hold bfloat16: write its values as float32, which is exact.
+  const HostTensor widened = tensor_in.dtype == DType::bf16 ? converted(tensor_in, DType::f32) : HostTensor{};
+  const HostTensor& tensor = tensor_in.dtype == DType::bf16 ? widened : tensor_in;
   std::ostringstream dict;
   dict << "{'descr': '" << (tensor.dtype == DType::f32 ? "<f4" : "<f2")
        << "', 'fortran_order': False, 'shape': (";

@@ -1,5 +1,10 @@
 /// @file npy.hpp
 /// @brief Reading and writing NumPy .npy files of float32 or float16 (for fa-run).
+///
+/// NumPy has no bfloat16 type, so there is no bf16 .npy file: bf16 tensors are
+/// written as float32 (every bf16 value is exactly a float), and reading a file
+/// whose element type is not '<f4' or '<f2' (e.g. the '<V2' or '<u2' of raw
+/// 16-bit bfloat16 bits) is refused with a message that says so.
 #pragma once
 
 #include "fa/host_tensor.hpp"
@@ -12,7 +17,8 @@ namespace fa {
 /// Throws std::runtime_error naming the file and what is wrong otherwise.
 HostTensor read_npy(const std::string& path);
 
-/// Writes the tensor as a version 1.0 .npy file.
+/// Writes the tensor as a version 1.0 .npy file: f32 as '<f4', f16 as '<f2',
+/// bf16 widened (exactly) to float32 '<f4'.
 void write_npy(const std::string& path, const HostTensor& tensor);
 
 }  // namespace fa

@@ -32,6 +32,8 @@ namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTenso
                    KernelResources resources_br16(const AttentionProblem&);
                    KernelResources resources_br32(const AttentionProblem&); }
 namespace step08 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
+namespace step09 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_br64(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    std::size_t workspace_bytes(const AttentionProblem&); }
@@ -69,6 +71,11 @@ const std::vector<StepInfo>& all_steps() {
       {"08", "", "register_tiling",
        "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
        {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch},
+      {"09", "br128", "tensor_cores",
+       "FA2 forward on tensor cores: mma.sync m16n8k16, ldmatrix from swizzled tiles, P in registers, Br = 128",
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch},
+      {"09", "br64", "tensor_cores", "step 09 with Br = 64 (4 warps): more, smaller blocks; twice the K/V reads",
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch_br64},
   };
   return steps;
 }
@@ -77,7 +84,7 @@ const StepInfo& cublas_baseline() {
   static const StepInfo baseline = {
       "cublas", "", "cublas standard attention",
       "S = QK^T with cuBLAS, softmax kernel, O = PV with cuBLAS (N x N scores in memory)",
-      {DType::f32, DType::f16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
+      {DType::f32, DType::f16, DType::bf16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
   return baseline;
 }
 

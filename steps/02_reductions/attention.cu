@@ -124,6 +124,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
   switch (p.dtype) {
     case DType::f32: return launch_typed<float>(p, t, stream);
     case DType::f16: return launch_typed<__half>(p, t, stream);
+    default: break;  // bf16 and anything else: refused below
   }
   throw_unsupported("step 02", "dtype", to_string(p.dtype), "f32, f16");
 }

@@ -243,6 +243,7 @@ void launch_layout(const AttentionProblem& p, const AttentionTensors& t, cudaStr
   switch (p.dtype) {
     case DType::f32: return launch_for_head_dim<L, float>(p, t, stream);
     case DType::f16: return launch_for_head_dim<L, __half>(p, t, stream);
+    default: break;  // bf16 and anything else: refused below
   }
   throw_unsupported("step 05", "dtype", to_string(p.dtype), "f32, f16");
 }

@@ -235,6 +235,7 @@ void launch_rows(const AttentionProblem& p, const AttentionTensors& t, cudaStrea
   switch (p.dtype) {
     case DType::f32: return launch_for_head_dim<Br, float>(p, t, stream);
     case DType::f16: return launch_for_head_dim<Br, __half>(p, t, stream);
+    default: break;  // bf16 and anything else: refused below
   }
   throw_unsupported("step 06", "dtype", to_string(p.dtype), "f32, f16");
 }

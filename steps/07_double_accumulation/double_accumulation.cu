@@ -25,8 +25,8 @@
 namespace fa::step07 {
 namespace {
 
-/// Query rows per block, for both variants: the Br that step 06 measured
-/// fastest (the kernel still takes Br as a template parameter).
+/// Query rows per block, for both variants, set from step 06's measurements
+/// (the kernel still takes Br as a template parameter).
 constexpr int kBr = 16;
 
 // Bc = 32 keys per K/V tile, one per lane; Br query rows (a template parameter).
@@ -47,6 +47,9 @@ __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+// The accumulator: a traits class names the type Acc and every operation the
+// kernel does on it, so the kernel body is written once for both variants.
 
 /// Acc = double: plain FP64. A product of two floats is exact in double (24 +
 /// 24 significand bits < 53), so fma rounds once, at 2^-53.
@@ -227,6 +230,8 @@ double_accumulation_kernel(const T* __restrict__ Q, const T* __restrict__ K, con
     // columns c = x + u*Bc this lane owns. P[y][key] is one 8-byte word that
     // the whole warp reads (a broadcast); V_j[key][c] is consecutive across
     // lanes (conflict-free). No shuffle: the sum over keys runs inside a thread.
+    // Unrolled by 8 rather than fully: fully unrolled, the double kernel at
+    // d = 64 spills a few registers.
 #pragma unroll
     for (int u = 0; u < kColumnsPerLane; ++u) O_acc[u] = Accum::mul(O_acc[u], alpha);
 #pragma unroll 8

@@ -2,8 +2,10 @@
 // reference, on every dtype it accepts, causal off and on, over a table of
 // shapes chosen to break tiled kernels: lengths 1, 7, 100, 1000, lengths that
 // are multiples of no tile size, q_len != kv_len both ways, GQA 8/2, MQA 8/1,
-// every supported head_dim, every dtype a step lists (f32, f16, bf16). The output is poisoned with NaN before each launch
-// and every element must be overwritten.
+// every supported head_dim, every dtype a step lists (f32, f16, bf16). The output
+// is poisoned with NaN before each launch and every element must be overwritten.
+// The last case checks that the steps that accumulate in more than float
+// precision (step 07) keep their point.
 #include "fa/compare.hpp"
 #include "fa/registry.hpp"
 #include "gpu.hpp"
@@ -121,5 +123,56 @@ TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][atte
       CHECK(std::equal(first.bytes.begin(), first.bytes.begin() + bytes_before, second.bytes.begin()));
       CHECK_FALSE(std::equal(first.bytes.begin() + bytes_before, first.bytes.end(), second.bytes.begin() + bytes_before));
     }
+  }
+}
+
+TEST_CASE("higher-precision accumulation is well below float accumulation's error", "[gpu][accuracy]") {
+  // Step 07's point, kept from regressing: on one long row set every step
+  // marked high_precision_accumulation must be much closer to the float64
+  // reference than step 06 (float accumulation, same loop order) on the same
+  // inputs. All of step 06's Br variants do a row's arithmetic in the same
+  // order, so their errors are identical and the first one stands for them.
+  //
+  // Thresholds, from reasoning (INFO names both errors; `-s` prints them on success):
+  // - Step 06 adds 16384 exponentials into l and 16384 products into each O
+  //   column in float, 512 tile sums of 32 each, plus 512 rescalings: a
+  //   random walk of roundings, of order sqrt(512) * 2^-24 ~ 1e-6 relative.
+  //   (A CPU emulation of the kernels' arithmetic gave 1.1e-6 to 1.3e-6.)
+  // - Double or float-float sums leave two errors of order float's unit
+  //   roundoff, neither of which grows with N: the final rounding of O to f32
+  //   (rms ~2.5e-8 relative), and for float-float the <= 2 ulp of expf in each
+  //   P, independent from key to key, so they average in O rather than add
+  //   up (emulation: 2.5e-8 for double, ~4e-8 for float-float).
+  // A factor of 4 and a bound of 2e-7 each leave a margin of about 5x on the
+  // emulated errors, and sit well below what the float sums of step 06 make.
+  FA_REQUIRE_GPU();
+  constexpr double kFactor = 4.0;   // at least this many times smaller than step 06
+  constexpr double kBound = 2e-7;   // and below this relative L2 error
+  AttentionProblem p;
+  p.batch = 1, p.q_len = 64, p.kv_len = 16384, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 64;
+  p.causal = false, p.dtype = DType::f32;
+
+  std::vector<const StepInfo*> accurate;
+  for (const StepInfo& s : all_steps())
+    if (s.high_precision_accumulation) accurate.push_back(&s);
+  REQUIRE_FALSE(accurate.empty());  // step 07 is registered and marked
+  const StepInfo& float_step = *select_steps("06").front();
+
+  const std::uint64_t seed = fresh_seed();
+  INFO(p.describe() << " seed=" << seed);
+  const AttentionInputs inputs = random_inputs(p, seed);
+  const std::vector<double> ref =
+      reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double());
+  const ErrorStats float_error = compare(run_step(float_step, p, inputs), ref);
+  INFO("step " << float_step.label() << " (float accumulation): " << float_error.describe());
+  REQUIRE(float_error.non_finite == 0);
+
+  for (const StepInfo* step : accurate) {
+    const ErrorStats error = compare(run_step(*step, p, inputs), ref);
+    INFO("step " << step->label() << ": " << error.describe() << "; needs rel_l2 <= " << kBound << " and <= "
+                 << float_error.rel_l2 / kFactor << " (step " << float_step.label() << "'s / " << kFactor << ")");
+    CHECK(error.non_finite == 0);
+    CHECK(error.rel_l2 <= kBound);
+    CHECK(error.rel_l2 * kFactor <= float_error.rel_l2);
   }
 }

@@ -31,6 +31,10 @@ namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTenso
                    KernelResources resources_br8(const AttentionProblem&);
                    KernelResources resources_br16(const AttentionProblem&);
                    KernelResources resources_br32(const AttentionProblem&); }
+namespace step07 { void launch_double(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   void launch_ff(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
+                   KernelResources resources_double(const AttentionProblem&);
+                   KernelResources resources_ff(const AttentionProblem&); }
 namespace step08 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
 namespace step09 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
                    void launch_br64(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
@@ -68,6 +72,14 @@ const std::vector<StepInfo>& all_steps() {
        {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br16, nullptr, &step06::resources_br16},
       {"06", "br32", "sp_reuse", "S and P share one shared tile, O in registers; Br = 32 rows, 1024 threads",
        {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br32, nullptr, &step06::resources_br32},
+      {"07", "double", "double_accumulation",
+       "step 06 with S, P, m, l and O accumulated in double (FP64 arithmetic, exp in double)",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step07::launch_double, nullptr, &step07::resources_double,
+       /*high_precision_accumulation=*/true},
+      {"07", "ff", "double_accumulation",
+       "step 06 with S, P, m, l and O accumulated in float-float pairs (FP32 error-free transformations)",
+       {DType::f32, DType::f16}, {32, 64, 128}, &step07::launch_ff, nullptr, &step07::resources_ff,
+       /*high_precision_accumulation=*/true},
       {"08", "", "register_tiling",
        "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
        {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch},

@@ -38,6 +38,9 @@ struct StepInfo {
   LaunchFn launch = nullptr;
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   ResourcesFn resources = nullptr;        ///< nullptr: resources not reported
+  /// Accumulates in more than float precision (step 07): the harness checks
+  /// that its error stays well below step 06's on a long sequence.
+  bool high_precision_accumulation = false;
 
   bool supports(DType dtype) const;
   bool supports_head_dim(int head_dim) const;

@@ -16,8 +16,11 @@ class Args {
  public:
   /// value_options take a value; flags do not.
   Args(int argc, char** argv, std::set<std::string> value_options, std::set<std::string> flags);
+  /// Whether --name was given (as an option with a value or as a flag).
   bool has(const std::string& name) const { return values_.count(name) || flags_set_.count(name); }
+  /// The value of --name, or `fallback` when it was not given.
   std::string get(const std::string& name, const std::string& fallback) const;
+  /// The value of --name as a number (an error names the option if it is not one), or `fallback`.
   double get_number(const std::string& name, double fallback) const;
   /// Splits "a,b,c" into items.
   static std::vector<std::string> split(const std::string& text, char separator = ',');

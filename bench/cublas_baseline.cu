@@ -22,12 +22,13 @@
 namespace fa::cublas {
 namespace {
 
+/// Throws std::runtime_error naming `what` unless status is CUBLAS_STATUS_SUCCESS.
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(std::string("cuBLAS ") + what + " failed: " + cublasGetStatusString(status));
 }
 
-// One handle per process, created on first use (the runner's warm-up absorbs that cost).
+/// One handle per process, created on first use (the runner's warm-up absorbs that cost).
 cublasHandle_t handle() {
   struct Handle {
     cublasHandle_t h = nullptr;
@@ -38,12 +39,17 @@ cublasHandle_t handle() {
   return instance.h;
 }
 
+/// bytes rounded up to a multiple of 256 (cuBLAS likes aligned matrices).
 std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Workspace layout: S (float), P (16-bit; f16 and bf16 only), six pointer arrays.
+/// Workspace layout: S (float), P (16-bit; f16 and bf16 only), six pointer arrays.
 struct Layout {
+  /// Byte offsets of S, P and the pointer arrays in the workspace, and its total size.
+  ///@{
   std::size_t s_offset, p_offset, pointers_offset, total;
+  ///@}
 };
+/// Where S, P and the pointer arrays go in the workspace of problem p.
 Layout layout(const AttentionProblem& p) {
   const std::size_t heads = std::size_t(p.batch) * p.q_heads;
   const std::size_t scores = heads * p.q_len * p.kv_len;
@@ -55,11 +61,15 @@ Layout layout(const AttentionProblem& p) {
   return l;
 }
 
+/// The sizes make_pointers needs, passed by value.
 struct Dims {
+  /// As in fa::AttentionProblem.
+  ///@{
   int batch, q_len, kv_len, q_heads, kv_heads, head_dim;
+  ///@}
 };
 
-// Pointer arrays for the batched GEMMs: one entry per (batch, query head).
+/// Pointer arrays for the batched GEMMs: one entry per (batch, query head).
 __global__ void make_pointers(const char* Q, const char* K, const char* V, char* O, float* S, void* P,
                               const void** q_ptr, const void** k_ptr, const void** v_ptr, void** o_ptr,
                               float** s_ptr, void** p_ptr, Dims p, int elem_bytes, int p_bytes) {
@@ -77,11 +87,14 @@ __global__ void make_pointers(const char* Q, const char* K, const char* V, char*
   p_ptr[bh] = static_cast<char*>(P) + s_elems * p_bytes;
 }
 
+/// Writes x to out[j] in out's type.
+///@{
 __device__ void store(float* out, int j, float x) { out[j] = x; }
 __device__ void store(__half* out, int j, float x) { out[j] = __float2half_rn(x); }
 __device__ void store(__nv_bfloat16* out, int j, float x) { out[j] = __float2bfloat16_rn(x); }
+///@}
 
-// Row-wise safe softmax of S into P (P may alias S when both are float).
+/// Row-wise safe softmax of S into P (P may alias S when both are float).
 template <int kThreads, class TP>
 __global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool causal) {
   __shared__ float partial[kThreads];

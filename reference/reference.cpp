@@ -67,6 +67,7 @@ std::vector<double> reference_attention(const AttentionProblem& p, const std::ve
 }
 
 namespace {
+/// Both overloads of reference_trace: the diagonal summed in double.
 template <class T>
 double trace_of(const T* matrix, int rows, int cols) {
   if (rows < 0 || cols < 0)

@@ -25,6 +25,7 @@ std::vector<double> reference_attention(const AttentionProblem& p, const std::ve
 /// diagonal elements, added in double (exact for int sums below 2^53).
 /// 0 for an empty matrix; throws std::invalid_argument for a negative size.
 double reference_trace(const int* matrix, int rows, int cols);
+/// The trace of a row-major rows x cols float matrix, added in double (see the int overload).
 double reference_trace(const float* matrix, int rows, int cols);
 
 }  // namespace fa

@@ -17,13 +17,14 @@ struct ErrorStats {
   double max_abs = 0;           ///< max |out - ref| over finite outputs
   std::int64_t non_finite = 0;  ///< NaN or Inf outputs (unwritten elements stay NaN)
   std::int64_t count = 0;       ///< elements compared
+  /// "rel_l2 = ..., max_abs = ..., non-finite = ...", for failure messages.
   std::string describe() const;
 };
 
 /// Largest errors a step may make, per output type.
 struct Tolerance {
-  double rel_l2;
-  double max_abs;
+  double rel_l2;   ///< largest relative L2 error allowed
+  double max_abs;  ///< largest absolute error of one element allowed
 };
 
 /// The tolerances, written once. f32: float accumulation of O(1000) terms

@@ -12,10 +12,12 @@ namespace fa {
 /// A failed CUDA call: the message holds the call, file, line and CUDA's error string.
 class CudaError : public std::runtime_error {
  public:
+  /// The error `code` returned by `call` at file:line.
   CudaError(cudaError_t code, const char* call, const char* file, int line)
       : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
                            " failed: " + cudaGetErrorName(code) + ": " + cudaGetErrorString(code)),
         code_(code) {}
+  /// The CUDA error code.
   cudaError_t code() const { return code_; }
 
  private:

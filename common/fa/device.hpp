@@ -22,9 +22,12 @@ std::string gpu_name();
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
+  /// cudaMalloc of `bytes` (none for 0).
   explicit DeviceBuffer(std::size_t bytes);
   ~DeviceBuffer();
+  /// Takes other's memory; other is left empty.
   DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+  /// Frees this buffer's memory and takes other's.
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     DeviceBuffer(std::move(other)).swap(*this);
     return *this;
@@ -32,12 +35,17 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  /// The device pointer (nullptr when empty).
   void* get() const { return data_; }
+  /// The device pointer as T*.
   template <class T>
   T* as() const { return static_cast<T*>(data_); }
+  /// Size in bytes.
   std::size_t bytes() const { return bytes_; }
 
+  /// Copies `bytes` from host memory to the start of the buffer.
   void upload(const void* host, std::size_t bytes);
+  /// Copies the first `bytes` of the buffer to host memory.
   void download(void* host, std::size_t bytes) const;
   /// Fills every byte with 0xFF: NaN for float, half, bfloat16 and double alike, so an
   /// element a kernel forgets to write is caught by the comparison.
@@ -59,7 +67,9 @@ class CudaEventTimer {
   ~CudaEventTimer();
   CudaEventTimer(const CudaEventTimer&) = delete;
   CudaEventTimer& operator=(const CudaEventTimer&) = delete;
+  /// Records the start event on `stream`.
   void start(cudaStream_t stream = nullptr);
+  /// Records the stop event on `stream`.
   void stop(cudaStream_t stream = nullptr);
   /// Waits for the stop event and returns milliseconds between start and stop.
   float elapsed_ms();

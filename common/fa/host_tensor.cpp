@@ -59,7 +59,7 @@ std::vector<std::int64_t> kv_shape(const AttentionProblem& p) {
 }
 
 namespace {
-// splitmix64: tiny, fast, and identical everywhere (std distributions are not).
+/// splitmix64: tiny, fast, and identical everywhere (std distributions are not).
 std::uint64_t splitmix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -12,14 +12,17 @@ namespace fa {
 
 /// A contiguous host tensor whose elements are stored in `dtype` (f32, f16 or bf16 bits).
 struct HostTensor {
-  DType dtype = DType::f32;
-  std::vector<std::int64_t> shape;
-  std::vector<unsigned char> bytes;
+  DType dtype = DType::f32;           ///< element type of the stored bits
+  std::vector<std::int64_t> shape;    ///< sizes, outermost first
+  std::vector<unsigned char> bytes;   ///< the elements, contiguous, row-major
 
   HostTensor() = default;
+  /// A zero-filled tensor of this type and shape.
   HostTensor(DType dtype, std::vector<std::int64_t> shape);
 
+  /// Number of elements (the product of shape).
   std::int64_t numel() const;
+  /// Bytes the elements occupy.
   std::size_t byte_size() const { return bytes.size(); }
   /// Element i converted to double (exact for every dtype).
   double get(std::int64_t i) const;
@@ -44,7 +47,9 @@ HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint
 
 /// Q, K and V for a problem, drawn from one seed.
 struct AttentionInputs {
-  HostTensor q, k, v;
+  HostTensor q;  ///< [batch, q_len, q_heads, head_dim]
+  HostTensor k;  ///< [batch, kv_len, kv_heads, head_dim]
+  HostTensor v;  ///< [batch, kv_len, kv_heads, head_dim]
 };
 /// Q uniform in [-q_range, q_range), K and V uniform in [-1, 1), all from one
 /// seed. A larger q_range spreads the scores (logits) wider: with d = 64 and the

@@ -13,6 +13,7 @@
 namespace fa {
 
 namespace {
+/// Throws std::runtime_error("<path>: <what>").
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
 }

@@ -32,6 +32,7 @@ std::string AttentionProblem::describe() const {
 }
 
 namespace {
+/// Throws InvalidProblem unless value >= 1.
 void require_positive(const char* field, int value) {
   if (value < 1)
     throw InvalidProblem(std::string("attention problem: ") + field + " = " +

@@ -27,14 +27,14 @@ class InvalidProblem : public std::invalid_argument {
 
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
-  int batch = 1;
-  int q_len = 1;
-  int kv_len = 1;
-  int q_heads = 1;
-  int kv_heads = 1;
-  int head_dim = 64;
-  bool causal = false;
-  DType dtype = DType::f32;
+  int batch = 1;               ///< B: independent sequences
+  int q_len = 1;               ///< Nq: query rows per sequence
+  int kv_len = 1;              ///< Nkv: keys (and values) per sequence
+  int q_heads = 1;             ///< query heads, a multiple of kv_heads
+  int kv_heads = 1;            ///< KV heads: kv_heads < q_heads is GQA, 1 is MQA
+  int head_dim = 64;           ///< d: elements per head
+  bool causal = false;         ///< top-left causal mask: query i sees keys j <= i
+  DType dtype = DType::f32;    ///< element type of Q, K, V and O
   /// Softmax scale; unset means 1/sqrt(head_dim).
   std::optional<float> scale;
 
@@ -62,11 +62,11 @@ void validate(const AttentionProblem& problem);
 /// Device pointers of one call. workspace is scratch memory of the size the
 /// step's registry entry asks for (nullptr when it asks for none).
 struct AttentionTensors {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  void* o = nullptr;
-  void* workspace = nullptr;
+  const void* q = nullptr;     ///< Q, [batch, q_len, q_heads, head_dim]
+  const void* k = nullptr;     ///< K, [batch, kv_len, kv_heads, head_dim]
+  const void* v = nullptr;     ///< V, [batch, kv_len, kv_heads, head_dim]
+  void* o = nullptr;           ///< O, [batch, q_len, q_heads, head_dim], written by the step
+  void* workspace = nullptr;   ///< scratch of StepInfo::workspace_for bytes, or nullptr
 };
 
 }  // namespace fa

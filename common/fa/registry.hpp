@@ -35,14 +35,16 @@ struct StepInfo {
   std::string summary;  ///< one line: what this step changes
   std::vector<DType> dtypes;   ///< element types it accepts
   std::vector<int> head_dims;  ///< head dimensions it accepts
-  LaunchFn launch = nullptr;
+  LaunchFn launch = nullptr;  ///< validates, then launches on the given stream
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   ResourcesFn resources = nullptr;        ///< nullptr: resources not reported
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
 
+  /// Whether `dtype` is in dtypes.
   bool supports(DType dtype) const;
+  /// Whether `head_dim` is in head_dims.
   bool supports_head_dim(int head_dim) const;
   /// "01", "05-pad4", "cublas".
   std::string label() const;
@@ -61,8 +63,14 @@ std::vector<const StepInfo*> select_steps(const std::string& spec);
 
 /// Device copies of one problem's inputs, output and workspace.
 struct DeviceAttention {
-  DeviceBuffer q, k, v, o, workspace;
+  DeviceBuffer q;          ///< Q on the device
+  DeviceBuffer k;          ///< K on the device
+  DeviceBuffer v;          ///< V on the device
+  DeviceBuffer o;          ///< O, poisoned with NaN until a step writes it
+  DeviceBuffer workspace;  ///< the step's scratch memory (empty when it needs none)
+  /// Uploads the inputs, allocates O (poisoned) and `workspace_bytes` of workspace.
   DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes);
+  /// The pointers a LaunchFn takes.
   AttentionTensors tensors() const { return {q.get(), k.get(), v.get(), o.get(), workspace.get()}; }
 };
 

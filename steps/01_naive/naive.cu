@@ -16,22 +16,29 @@
 namespace fa::step01 {
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
+constexpr int kThreadsPerBlock = 256;  ///< one thread per output element, 256 to a block
 
-// Loads and stores in the tensor's type; all arithmetic is in float.
+/// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
-// Shapes the kernel needs, passed by value.
+/// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads, head_dim;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
+/// Thread idx computes output element idx of O (of total_outputs), reading the whole
+/// rows of K and V it needs straight from global memory.
 template <class T>
 __global__ void naive_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K,
                                        const T* __restrict__ V, T* __restrict__ O,
@@ -71,6 +78,7 @@ __global__ void naive_attention_kernel(const T* __restrict__ Q, const T* __restr
   O[idx] = from_float<T>(acc / l);
 }
 
+/// Launches naive_attention_kernel for element type T on `stream`.
 template <class T>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const int total = int(p.q_elements());  // validate() guarantees this fits in int

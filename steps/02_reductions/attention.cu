@@ -19,29 +19,34 @@
 namespace fa::step02 {
 namespace {
 
-// One thread per output column: the block has head_dim threads (32, 64 or 128).
-// q is kept in shared memory, so the largest head_dim sets its size.
+/// One thread per output column: the block has head_dim threads (32, 64 or 128).
+/// q is kept in shared memory, so the largest head_dim sets its size.
 constexpr int kMaxHeadDim = 128;
-// Keys whose weights P_ij are held in shared memory at once (2 KiB of floats).
-// A chunk loop, not one array of kv_len weights: kv_len can be 16384 or more,
-// and 64 KiB of shared memory per block would leave an SM room for 3 blocks.
+/// Keys whose weights P_ij are held in shared memory at once (2 KiB of floats).
+/// A chunk loop, not one array of kv_len weights: kv_len can be 16384 or more,
+/// and 64 KiB of shared memory per block would leave an SM room for 3 blocks.
 constexpr int kKeysPerChunk = 512;
 
-// Loads and stores in the tensor's type; all arithmetic is in float.
+/// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
-// Shapes the kernel needs, passed by value.
+/// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads, head_dim;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
-// Launched with one block per row (b, i, h) and blockDim.x == head_dim.
+/// Launched with one block per row (b, i, h) and blockDim.x == head_dim.
 template <class T>
 __global__ void reductions_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K,
                                             const T* __restrict__ V, T* __restrict__ O, Shape s) {
@@ -104,6 +109,7 @@ __global__ void reductions_attention_kernel(const T* __restrict__ Q, const T* __
   O[row * s.head_dim + c] = from_float<T>(acc / l);
 }
 
+/// Launches the kernel for element type T on `stream`.
 template <class T>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const int rows = p.batch * p.q_len * p.q_heads;  // < 2^31: validate() bounds q_elements

@@ -36,15 +36,19 @@ constexpr unsigned kFullWarpMask = 0xffffffffu;
 
 /// The operation of warp_sum and block_sum: a + b.
 struct SumOp {
+  /// a + b.
   template <class T>
   __device__ T operator()(T a, T b) const { return a + b; }
 };
 
 /// The operation of warp_max and block_max: the larger of a and b.
 struct MaxOp {
+  /// The larger of a and b.
+  ///@{
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
   __device__ double operator()(double a, double b) const { return fmax(a, b); }
   __device__ int operator()(int a, int b) const { return max(a, b); }
+  ///@}
 };
 
 /// Reduces `value` with `op` over lanes 0 .. lanes-1 of the calling warp and
@@ -101,7 +105,7 @@ __device__ T warp_max(T value, int lanes = kWarpSize) {
 /// block reductions of type T, one after the other.
 template <class T>
 struct BlockReduceScratch {
-  T warp_results[kMaxWarpsPerBlock];
+  T warp_results[kMaxWarpsPerBlock];  ///< lane 0 of warp w writes entry w
 };
 
 /// Reduces `value` with `op` over every thread of the block and returns the

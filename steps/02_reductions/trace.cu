@@ -19,14 +19,14 @@
 namespace fa::step02 {
 namespace {
 
-constexpr int kTraceThreads = 256;
-// Enough blocks to fill every SM of current GPUs; beyond that the grid-stride
-// loop takes over, and fewer blocks means fewer atomicAdds on the one result.
+constexpr int kTraceThreads = 256;  ///< threads per block of trace_kernel
+/// Enough blocks to fill every SM of current GPUs; beyond that the grid-stride
+/// loop takes over, and fewer blocks means fewer atomicAdds on the one result.
 constexpr int kMaxTraceBlocks = 256;
 
-// Sums values[k * stride] for k < count into *result (which starts at zero).
-// The in-place trace reads the matrix with stride cols + 1; the copied
-// diagonal is contiguous, stride 1.
+/// Sums values[k * stride] for k < count into *result (which starts at zero).
+/// The in-place trace reads the matrix with stride cols + 1; the copied
+/// diagonal is contiguous, stride 1.
 template <class T>
 __global__ void trace_kernel(const T* __restrict__ values, int count, long long stride, T* result) {
   __shared__ BlockReduceScratch<T> scratch;
@@ -38,13 +38,14 @@ __global__ void trace_kernel(const T* __restrict__ values, int count, long long 
   if (threadIdx.x == 0) atomicAdd(result, block_total);
 }
 
+/// Throws std::invalid_argument naming `function` and `name` when value < 0.
 void check_size(const char* function, const char* name, int value) {
   if (value < 0)
     throw std::invalid_argument(std::string(function) + ": " + name + " = " + std::to_string(value) +
                                 " is negative");
 }
 
-// Checks the sizes before any CUDA call; returns the diagonal's length.
+/// Checks the sizes before any CUDA call; returns the diagonal's length.
 int diagonal_length(const char* function, const void* matrix, int rows, int cols) {
   check_size(function, "rows", rows);
   check_size(function, "cols", cols);
@@ -55,7 +56,7 @@ int diagonal_length(const char* function, const void* matrix, int rows, int cols
   return length;
 }
 
-// Runs trace_kernel on `count` device values and brings the sum back to the host.
+/// Runs trace_kernel on `count` device values and brings the sum back to the host.
 template <class T>
 T sum_on_device(const T* device_values, int count, long long stride, int grid_blocks) {
   const int blocks = grid_blocks > 0 ? grid_blocks
@@ -102,11 +103,14 @@ T trace_on_device(const T* device_matrix, int rows, int cols, int grid_blocks) {
   return sum_on_device(device_matrix, length, cols + 1LL, grid_blocks);
 }
 
+/// The instantiations the tests and fa-bench link against.
+///@{
 template int trace_in_place<int>(const int*, int, int);
 template float trace_in_place<float>(const float*, int, int);
 template int trace_diagonal_copy<int>(const int*, int, int);
 template float trace_diagonal_copy<float>(const float*, int, int);
 template int trace_on_device<int>(const int*, int, int, int);
 template float trace_on_device<float>(const float*, int, int, int);
+///@}
 
 }  // namespace fa::step02

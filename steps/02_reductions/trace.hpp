@@ -28,6 +28,8 @@ template <class T>
 T trace_diagonal_copy(const T* host_matrix, int rows, int cols);
 
 /// The in-place kernel alone, on a matrix already in device memory.
+/// @param device_matrix row-major rows x cols matrix in device memory
+/// @param rows, cols its sizes (neither may be negative)
 /// @param grid_blocks blocks to launch; 0 lets the function choose. A small
 ///        number makes every thread go around the grid-stride loop several times.
 template <class T>

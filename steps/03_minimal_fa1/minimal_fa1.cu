@@ -19,32 +19,37 @@
 namespace fa::step03 {
 namespace {
 
-// Algorithm 1, line 1: the tile sizes. One thread per query row, so Br is also the block size (one
-// warp). Br != Bc on purpose, so every test exercises the case the original gets wrong. Bc = 2 Br
-// halves the round trips of O through global memory that Bc = Br would make, for 88 KB of shared
-// memory at d = 128 (see shared_bytes).
-constexpr int Br = 32;  // query rows per Q tile = threads per block
-constexpr int Bc = 64;  // keys per K/V tile
+/// Algorithm 1, line 1: the tile sizes. One thread per query row, so Br is also the block size (one
+/// warp). Br != Bc on purpose, so every test exercises the case the original gets wrong. Bc = 2 Br
+/// halves the round trips of O through global memory that Bc = Br would make, for 88 KB of shared
+/// memory at d = 128 (see shared_bytes).
+constexpr int Br = 32;  ///< query rows per Q tile = threads per block
+constexpr int Bc = 64;  ///< keys per K/V tile
 
-// Q_i (Br x d), K_j and V_j (Bc x d) and S (Br x Bc), all float: 28, 48 and 88 KB at d = 32, 64, 128.
+/// Q_i (Br x d), K_j and V_j (Bc x d) and S (Br x Bc), all float: 28, 48 and 88 KB at d = 32, 64, 128.
 constexpr int shared_bytes(int d) { return int(sizeof(float)) * (Br * d + 2 * Bc * d + Br * Bc); }
 
-// Loads and stores in the tensor's type; all arithmetic is in float.
+/// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
-// Shapes the kernel needs, passed by value.
+/// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
-// Block (h, b) computes O[b, :, h, :]. Thread tx owns query rows tx, tx + Br, tx + 2 Br, ... (its row
-// of every Q tile): it alone reads and writes their O, l and m, so those need no barrier.
+/// Block (h, b) computes O[b, :, h, :]. Thread tx owns query rows tx, tx + Br, tx + 2 Br, ... (its row
+/// of every Q tile): it alone reads and writes their O, l and m, so those need no barrier.
 template <class T, int d>
 __global__ void __launch_bounds__(Br)
 minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
@@ -148,6 +153,7 @@ minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __
     for (int x = 0; x < d; ++x) O_bh[row * q_stride + x] = from_float<T>(O_acc_bh[row * d + x]);
 }
 
+/// Launches minimal_fa1_kernel for element type T and head dimension d on `stream`.
 template <class T, int d>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   // The workspace (see workspace_bytes): the float O accumulator, then l, then m.
@@ -166,6 +172,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for element type T.
 template <class T>
 void launch_for_dtype(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {

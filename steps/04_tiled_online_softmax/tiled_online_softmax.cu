@@ -22,24 +22,27 @@
 namespace fa::step04 {
 namespace {
 
-// Bc = 32 keys per K/V tile, one per lane: a row of S is one full warp, so its
-// max and sum are 5 xor-shuffles with every lane taking part. Br = 16 query rows
-// per Q tile -> 16 warps, 512 threads (see README: why 16 and not 32).
+/// Bc = 32 keys per K/V tile, one per lane: a row of S is one full warp, so its
+/// max and sum are 5 xor-shuffles with every lane taking part. Br = 16 query rows
+/// per Q tile -> 16 warps, 512 threads (see README: why 16 and not 32).
 constexpr int Bc = 32;
-constexpr int Br = 16;
-constexpr int kThreadsPerBlock = Br * Bc;
-constexpr unsigned kFullMask = 0xffffffffu;  // all 32 lanes always take part in a shuffle
+constexpr int Br = 16;                       ///< query rows per Q tile, one warp each
+constexpr int kThreadsPerBlock = Br * Bc;    ///< 512
+constexpr unsigned kFullMask = 0xffffffffu;  ///< all 32 lanes always take part in a shuffle
 static_assert(Bc == 32, "one warp per row of S: Bc must be the warp size");
 
-// Loads and stores in the tensor's type; all arithmetic is in float.
+/// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
-// Butterfly (xor) reductions over the 32 lanes of a warp: every lane ends with
-// the result, so no broadcast is needed afterwards. Every lane must call them.
+/// Butterfly (xor) reductions over the 32 lanes of a warp: every lane ends with
+/// the result, so no broadcast is needed afterwards. Every lane must call them.
+///@{
 __device__ float warp_max(float value) {
   for (int offset = Bc / 2; offset > 0; offset /= 2)
     value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
@@ -49,21 +52,25 @@ __device__ float warp_sum(float value) {
   for (int offset = Bc / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(kFullMask, value, offset);
   return value;
 }
+///@}
 
-// Shapes the kernel needs, passed by value.
+/// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
-// Bytes of dynamic shared memory: Q_i and O_i (Br x d), K_j and V_j (Bc x d), m and l (Br).
+/// Bytes of dynamic shared memory: Q_i and O_i (Br x d), K_j and V_j (Bc x d), m and l (Br).
 constexpr int shared_bytes(int head_dim) {
   return int(sizeof(float)) * (2 * Br * head_dim + 2 * Bc * head_dim + 2 * Br);
 }
 
-// Grid (Tr, q_heads, batch), block (Bc, Br): block (q_tile, h, b) computes rows
-// [q_tile*Br, q_tile*Br + Br) of head h in batch b.
+/// Grid (Tr, q_heads, batch), block (Bc, Br): block (q_tile, h, b) computes rows
+/// [q_tile*Br, q_tile*Br + Br) of head h in batch b.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
 tiled_online_softmax_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
@@ -173,6 +180,7 @@ tiled_online_softmax_kernel(const T* __restrict__ Q, const T* __restrict__ K, co
   }
 }
 
+/// Launches tiled_online_softmax_kernel for element type T and head dimension D on `stream`.
 template <class T, int D>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale()};
@@ -190,6 +198,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for element type T.
 template <class T>
 void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {

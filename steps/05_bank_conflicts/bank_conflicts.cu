@@ -33,18 +33,18 @@ enum class Layout { pad1, pad4, pad4_vec4, transpose };
 
 namespace {
 
-// Bc = 32 keys per K/V tile, one per lane; Br = 16 query rows (as step 04).
+/// Bc = 32 keys per K/V tile, one per lane; Br = 16 query rows (as step 04).
 constexpr int Bc = 32;
-constexpr int Br = 16;
-constexpr int kThreadsPerBlock = Br * Bc;
-constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int Br = 16;                       ///< query rows per Q tile, one warp each
+constexpr int kThreadsPerBlock = Br * Bc;    ///< 512
+constexpr unsigned kFullMask = 0xffffffffu;  ///< all 32 lanes take part in every shuffle
 static_assert(Bc == 32, "one warp per row of S: Bc must be the warp size");
 
 /// Index of element (key, c) of a K/V tile of head dimension D in layout L.
 template <Layout L, int D>
 struct TileLayout {
-  static constexpr bool transposed = L == Layout::transpose;
-  static constexpr bool vec4 = L == Layout::pad4_vec4;
+  static constexpr bool transposed = L == Layout::transpose;  ///< stored [D][Bc]
+  static constexpr bool vec4 = L == Layout::pad4_vec4;       ///< read as float4
   /// Words between consecutive keys (row-major) or consecutive columns (transposed).
   static constexpr int stride = transposed ? Bc : D + (L == Layout::pad1 ? 1 : 4);
   /// Words one tile occupies.
@@ -54,11 +54,13 @@ struct TileLayout {
 };
 
 /// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
 /// Butterfly max over the 32 lanes of a warp; every lane gets the result.
 __device__ float warp_max(float value) {
@@ -74,9 +76,12 @@ __device__ float warp_sum(float value) {
 
 /// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
 /// Bytes of dynamic shared memory: Q_i and O_i (Br x D), K_j and V_j (one tile
@@ -204,6 +209,7 @@ bank_conflicts_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T*
   }
 }
 
+/// Launches bank_conflicts_kernel for layout L, element type T and head dimension D on `stream`.
 template <Layout L, class T, int D>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale()};
@@ -221,6 +227,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for layout L and element type T.
 template <Layout L, class T>
 void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {
@@ -230,6 +237,7 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
+/// Validates the problem against what step 05 supports, then launches layout L.
 template <Layout L>
 void launch_layout(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   validate(p);

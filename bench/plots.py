@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Figures from fa-bench CSVs: every figure of the course can be rebuilt from recorded data.
+
+    python3 bench/plots.py [CSV ...] [--out docs/figures]
+
+Without CSV arguments it reads docs/results/*.csv. Later files win where two
+rows describe the same measurement (step, variant, dtype, shape, causal, suite).
+Writes, as far as the data allows (a figure without rows is skipped, with the
+reason printed):
+
+  time_teaching.png   time per step, teaching shape, f32 and f16, causal off/on
+  speedup_chain.png   speedup of each step over the one before and over step 01
+  tflops.png          TFLOPS per step (headline shape, else teaching) against the
+                      measured ceilings in bench/ceilings.csv
+  memory_sweep.png    workspace beyond inputs and output (extra_bytes) against N
+  accuracy.png        rel_err against kv_len, rows with suite == "accuracy"
+
+Rows whose step is not a two-digit course step (cublas, sdpa-*) are peers and
+are drawn grey and labelled "(peer)". Only numpy and matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import math
+import os
+from collections import OrderedDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+#: The one table of measured ceilings (name, dtype, TFLOPS, source).
+CEILINGS_CSV = os.path.join(HERE, "ceilings.csv")
+
+#: fa-bench's CSV header (bench/fa_bench.cpp); missing columns read as empty.
+COLUMNS = ("step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
+           "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas").split(",")
+INT_COLUMNS = {"batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "reps"}
+FLOAT_COLUMNS = {"ms", "tflops", "extra_bytes", "rel_err", "ms_min", "ms_max", "speedup_prev", "speedup_01",
+                 "vs_cublas"}
+#: Human names of the peers fa-bench and bench/sdpa_peers.py write.
+PEER_NAMES = {
+    "cublas": "cuBLAS standard attention",
+    "sdpa-math": "SDPA math",
+    "sdpa-efficient": "SDPA efficient",
+    "sdpa-flash": "SDPA flash (FA2)",
+    "sdpa-cudnn": "SDPA cuDNN",
+}
+
+
+def _number(text: str, integer: bool):
+    """Parse one CSV cell; empty or malformed cells become NaN (or None for integers)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None if integer else math.nan
+    return int(value) if integer and math.isfinite(value) else value
+
+
+def load(paths) -> list[dict]:
+    """Read one or several fa-bench CSVs into dicts with typed values, later files overriding earlier rows."""
+    rows: "OrderedDict[tuple, dict]" = OrderedDict()
+    for path in paths:
+        with open(path, newline="") as f:
+            for raw in csv.DictReader(f):
+                row = {}
+                for column in COLUMNS:
+                    text = (raw.get(column) or "").strip()
+                    if column in INT_COLUMNS:
+                        row[column] = _number(text, integer=True)
+                    elif column in FLOAT_COLUMNS:
+                        row[column] = _number(text, integer=False)
+                    else:
+                        row[column] = text
+                if row["causal"] is None:  # an older CSV without the column: non-causal
+                    row["causal"] = 0
+                key = tuple(row[c] for c in ("step", "variant", "dtype", "batch", "q_len", "kv_len", "q_heads",
+                                             "kv_heads", "head_dim", "causal", "suite", "gpu"))
+                rows.pop(key, None)
+                rows[key] = row
+    return list(rows.values())
+
+
+def load_ceilings(path: str = CEILINGS_CSV) -> list[dict]:
+    """The measured ceilings: dicts with ceiling, dtype, tflops (float) and source."""
+    with open(path, newline="") as f:
+        return [{**r, "tflops": float(r["tflops"])} for r in csv.DictReader(f)]
+
+
+def is_peer(row: dict) -> bool:
+    """True for rows that are not a course step (step is not two digits): cublas, sdpa-*."""
+    step = row["step"]
+    return not (len(step) == 2 and step.isdigit())
+
+
+def label(row: dict) -> str:
+    """Short name of a row's implementation: '04', '05-pad1', 'cuBLAS standard attention (peer)'."""
+    if is_peer(row):
+        return f"{PEER_NAMES.get(row['step'], row['step'])} (peer)"
+    return row["step"] + (f"-{row['variant']}" if row["variant"] else "")
+
+
+def order_key(name: str):
+    """Course steps first in course order, then peers alphabetically."""
+    return (1, name) if name.endswith("(peer)") else (0, name)
+
+
+def select(rows, **conditions) -> list[dict]:
+    """Rows whose columns equal every given value (e.g. suite='teaching', dtype='f32')."""
+    return [r for r in rows if all(r.get(k) == v for k, v in conditions.items())]
+
+
+def _colour(name: str, names: list[str]):
+    """One colour per course step along a colour map; grey for peers."""
+    import matplotlib
+
+    if name.endswith("(peer)"):
+        return "0.55"
+    steps = [n for n in names if not n.endswith("(peer)")]
+    return matplotlib.colormaps["viridis"](steps.index(name) / max(1, len(steps) - 1) * 0.85)
+
+
+def _gpus(rows) -> str:
+    """The GPU name(s) of a set of rows, for titles."""
+    return ", ".join(sorted({r["gpu"] for r in rows if r["gpu"]})) or "unknown GPU"
+
+
+def _shape(row) -> str:
+    """B, H, N, d of a row, compactly."""
+    heads = f"{row['q_heads']}" if row["q_heads"] == row["kv_heads"] else f"{row['q_heads']}/{row['kv_heads']}"
+    n = f"{row['q_len']}" if row["q_len"] == row["kv_len"] else f"{row['q_len']}x{row['kv_len']}"
+    return f"B={row['batch']}, H={heads}, N={n}, d={row['head_dim']}"
+
+
+def fig_time_teaching(rows):
+    """Grouped bars: median ms per implementation, f32 and f16, one panel per causal setting (log scale)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [r for r in select(rows, suite="teaching") if math.isfinite(r["ms"])]
+    if not rows:
+        return None, "no teaching-suite rows"
+    causals = sorted({r["causal"] for r in rows})
+    dtypes = [d for d in ("f32", "f16") if select(rows, dtype=d)]
+    names = sorted({label(r) for r in rows}, key=order_key)
+    fig, axes = plt.subplots(1, len(causals), figsize=(max(6, 1.1 * len(names)) * len(causals), 4.6),
+                             squeeze=False, constrained_layout=True)
+    width = 0.8 / len(dtypes)
+    for ax, causal in zip(axes[0], causals):
+        for k, dtype in enumerate(dtypes):
+            ms = {label(r): r["ms"] for r in select(rows, causal=causal, dtype=dtype)}
+            x = np.arange(len(names)) + (k - (len(dtypes) - 1) / 2) * width
+            heights = [ms.get(n, np.nan) for n in names]
+            bars = ax.bar(x, heights, width, label=dtype, color=f"C{k}",
+                          hatch=["//" if n.endswith("(peer)") else "" for n in names], edgecolor="white")
+            ax.bar_label(bars, labels=[f"{h:.3g}" if math.isfinite(h) else "" for h in heights], fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("median time per call, ms (log)")
+        ax.set_title(f"causal = {'yes' if causal else 'no'}")
+        ax.legend(title="dtype")
+    fig.suptitle(f"Teaching shape ({_shape(rows[0])}), {_gpus(rows)}; hatched bars are peers")
+    return fig, None
+
+
+def fig_speedup_chain(rows, suite="teaching", dtype="f32", causal=0):
+    """Bars: speedup of each course step over step 01 (log), annotated with the factor over the previous step.
+
+    Computed from ms (the best variant of each step id), so it needs no speedup columns.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in select(rows, suite=suite, dtype=dtype, causal=causal) if math.isfinite(r["ms"])]
+    steps = [r for r in rows if not is_peer(r)]
+    if not steps:
+        return None, f"no course-step rows for suite={suite}, dtype={dtype}, causal={causal}"
+    best = {}
+    for r in steps:
+        best[r["step"]] = min(best.get(r["step"], math.inf), r["ms"])
+    ids = sorted(best)
+    base = best[ids[0]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(ids) + 2), 4.4), constrained_layout=True)
+    speedups = [base / best[i] for i in ids]
+    bars = ax.bar(ids, speedups, color=[_colour(i, ids) for i in ids])
+    notes = ["1x"] + [f"{best[prev] / best[cur]:.3g}x over {prev}" for prev, cur in zip(ids, ids[1:])]
+    ax.bar_label(bars, labels=notes, fontsize=8)
+    peers = sorted((r for r in rows if is_peer(r)), key=lambda r: r["ms"])
+    for k, r in enumerate(peers):
+        ax.axhline(base / r["ms"], color=f"C{k}", ls=(0, (4, 2 + k)), lw=1, label=f"{label(r)}, {dtype}")
+    if peers:
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_yscale("log")
+    ax.set_xlabel("step (best variant)")
+    ax.set_ylabel(f"speedup over step {ids[0]} (log)")
+    ax.set_title(f"The speedup chain: {suite} shape ({_shape(steps[0])}),\n{dtype}, causal = "
+                 f"{'yes' if causal else 'no'}, {_gpus(rows)}", fontsize=10)
+    return fig, None
+
+
+def fig_tflops(rows, ceilings=None):
+    """TFLOPS per implementation (headline suite if present, else teaching), f32 and f16 panels, with ceilings."""
+    import matplotlib.pyplot as plt
+
+    ceilings = load_ceilings() if ceilings is None else ceilings
+    suite = "headline" if select(rows, suite="headline") else "teaching"
+    rows = [r for r in select(rows, suite=suite, causal=0) if math.isfinite(r["tflops"])]
+    if not rows:
+        return None, "no headline or teaching rows with tflops"
+    dtypes = [d for d in ("f32", "f16") if select(rows, dtype=d)]
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(7 * len(dtypes), 4.8), squeeze=False, constrained_layout=True)
+    for ax, dtype in zip(axes[0], dtypes):
+        subset = select(rows, dtype=dtype)
+        names = sorted({label(r) for r in subset}, key=order_key)
+        tflops = {label(r): r["tflops"] for r in subset}
+        bars = ax.bar(range(len(names)), [tflops[n] for n in names], color=[_colour(n, names) for n in names])
+        ax.bar_label(bars, labels=[f"{tflops[n]:.3g}" for n in names], fontsize=7)
+        # f32 inputs compute in f32 (FFMA); the FP64 line shows what double accumulation would cap at.
+        relevant = ("f32", "f64") if dtype == "f32" else ("f16",)
+        for k, c in enumerate(x for x in ceilings if x["dtype"] in relevant):
+            ax.axhline(c["tflops"], color=f"C{k + 3}", ls="--", lw=1)
+            ax.annotate(f"{c['ceiling']}: {c['tflops']:g}", (-0.4, c["tflops"]), va="bottom", fontsize=7,
+                        color=f"C{k + 3}")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("TFLOPS, 4·B·H·N²·d / t (log)")
+        ax.set_title(f"{dtype} inputs")
+    fig.suptitle(f"{suite} shape ({_shape(rows[0])}), non-causal, against measured ceilings (bench/ceilings.csv), "
+                 f"{_gpus(rows)}", fontsize=10)
+    return fig, None
+
+
+def fig_memory_sweep(rows, dtype="f32", causal=0):
+    """Workspace beyond inputs and output (extra_bytes) against N for every implementation of the sweep."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in select(rows, suite="sweep", dtype=dtype, causal=causal) if math.isfinite(r["extra_bytes"])]
+    if not rows:
+        return None, f"no sweep rows for dtype={dtype}, causal={causal}"
+    names = sorted({label(r) for r in rows}, key=order_key)
+    fig, ax = plt.subplots(figsize=(7, 4.6), constrained_layout=True)
+    for n in names:
+        points = sorted((r["kv_len"], r["extra_bytes"] / 2**20) for r in rows if label(r) == n)
+        ax.plot(*zip(*points), marker="o", label=n, color=_colour(n, names), ls="--" if n.endswith("(peer)") else "-")
+    # 0 bytes must be visible: symlog is linear below 1 MiB and logarithmic above.
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=-0.3)
+    ax.set_xlabel("N = q_len = kv_len (log2)")
+    ax.set_ylabel("extra memory, MiB (0, then log)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Memory beyond Q, K, V, O: sweep ({_shape(rows[0]).split(', N=')[0]}, d={rows[0]['head_dim']}),\n"
+                 f"{dtype}, causal = {'yes' if causal else 'no'}, {_gpus(rows)}", fontsize=10)
+    return fig, None
+
+
+def fig_accuracy(rows):
+    """rel_err against kv_len per implementation, one panel per dtype, for rows with suite == 'accuracy'."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in select(rows, suite="accuracy") if math.isfinite(r["rel_err"])]
+    if not rows:
+        return None, "no rows with suite == accuracy"
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.5), squeeze=False, constrained_layout=True)
+    for ax, dtype in zip(axes[0], dtypes):
+        subset = select(rows, dtype=dtype)
+        names = sorted({label(r) for r in subset}, key=order_key)
+        for n in names:
+            for causal in sorted({r["causal"] for r in subset if label(r) == n}):
+                # One point per kv_len: the worst error measured there.
+                worst = {}
+                for r in subset:
+                    if label(r) == n and r["causal"] == causal:
+                        worst[r["kv_len"]] = max(worst.get(r["kv_len"], 0.0), r["rel_err"])
+                ax.plot(*zip(*sorted(worst.items())), marker="o", color=_colour(n, names),
+                        ls="--" if causal else "-", label=n + (", causal" if causal else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("kv_len (log2)")
+        ax.set_ylabel("relative error vs float64 reference (log)")
+        ax.set_title(f"{dtype} inputs")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Accuracy as N grows, {_gpus(rows)}")
+    return fig, None
+
+
+#: Output file name -> figure function.
+FIGURES = OrderedDict([
+    ("time_teaching.png", fig_time_teaching),
+    ("speedup_chain.png", fig_speedup_chain),
+    ("tflops.png", fig_tflops),
+    ("memory_sweep.png", fig_memory_sweep),
+    ("accuracy.png", fig_accuracy),
+])
+
+
+def render(paths, out_dir: str, dpi: int = 110) -> list[str]:
+    """Write every figure the rows of `paths` allow into out_dir; returns the files written."""
+    import matplotlib.pyplot as plt
+
+    rows = load(paths)
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for name, make in FIGURES.items():
+        fig, why_not = make(rows)
+        if fig is None:
+            print(f"skipped {name}: {why_not}")
+            continue
+        path = os.path.join(out_dir, name)
+        fig.savefig(path, dpi=dpi)
+        plt.close(fig)
+        written.append(path)
+        print(f"wrote {path}")
+    return written
+
+
+def main(argv=None) -> int:
+    """Command line: CSVs in, PNGs out."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("csv", nargs="*", help="fa-bench CSVs (default: docs/results/*.csv)")
+    parser.add_argument("--out", default=os.path.join(REPO, "docs", "figures"), help="output folder")
+    args = parser.parse_args(argv)
+    paths = args.csv or sorted(glob.glob(os.path.join(REPO, "docs", "results", "*.csv")))
+    if not paths:
+        parser.error("no CSV given and none in docs/results/")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    render(paths, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Time PyTorch's scaled_dot_product_attention backends as peers of the course's steps.
+
+Run on the GPU machine, where torch is installed:
+
+    python3 bench/sdpa_peers.py --csv docs/results/h100-DATE-sdpa.csv
+    python3 bench/sdpa_peers.py --dry-run          # the plan, without torch
+
+For every shape x dtype x causal x backend (math, efficient, flash, cudnn,
+selected with torch.nn.attention.sdpa_kernel) it takes the median of --reps
+CUDA-event-timed calls after --warmup calls, the extra memory (peak bytes
+allocated by one call beyond the inputs and the output), and the relative L2
+error of --sample-rows random output rows (b, i, h) against a float64
+computation, and APPENDS one row per measurement to the CSV with fa-bench's
+columns (step = sdpa-math, sdpa-efficient, sdpa-flash, sdpa-cudnn; variant
+empty), so bench/plots.py draws them next to the steps as peers. A backend
+that refuses a configuration ("No available kernel") is skipped with the
+reason printed. Inputs are uniform in [-1, 1) like fa-bench's; the scale is
+1/sqrt(d) and causal masking is top-left aligned (SDPA's is_causal), as in
+the course.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in bench/plots.py
+
+#: fa-bench's suites: name -> (batch, q_len, kv_len, q_heads, kv_heads, head_dim).
+SUITES = {
+    "teaching": (4, 1024, 1024, 8, 8, 64),
+    "headline": (4, 4096, 4096, 16, 16, 64),
+}
+#: Backend name in the CSV's step column -> name of the torch.nn.attention.SDPBackend member.
+BACKENDS = {
+    "math": "MATH",
+    "efficient": "EFFICIENT_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def parse_args(argv=None):
+    """Command-line options; see --help."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suites", default="teaching,headline",
+                        help="comma-separated: " + ", ".join(SUITES) + " (default both)")
+    parser.add_argument("--shape", action="append", default=[],
+                        help="B,Nq,Nkv,Hq,Hkv,d instead of the suites (repeatable); suite column 'custom'")
+    parser.add_argument("--dtypes", default="f32,f16", help="comma-separated: f32, f16 (default both)")
+    parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated: " + ", ".join(BACKENDS) + " (default all)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
+    parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--csv", help="CSV to append to (header written if the file is new or empty)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the CSV header; needs no torch")
+    args = parser.parse_args(argv)
+    if args.reps < 15:
+        parser.error("--reps must be at least 15")
+    if not args.dry_run and not args.csv:
+        parser.error("--csv is required (or --dry-run)")
+    for name, allowed in (("dtypes", ("f32", "f16")), ("causal", ("no", "yes")), ("backends", tuple(BACKENDS))):
+        for value in getattr(args, name).split(","):
+            if value not in allowed:
+                parser.error(f"--{name}: unknown value '{value}', expected {', '.join(allowed)}")
+    return args
+
+
+def plan(args):
+    """The measurements to take: list of (suite, shape tuple, dtype, causal bool, backend)."""
+    if args.shape:
+        shapes = []
+        for text in args.shape:
+            values = tuple(int(v) for v in text.split(","))
+            if len(values) != 6 or min(values) < 1 or values[3] % values[4]:
+                sys.exit(f"--shape {text}: expected six positive sizes B,Nq,Nkv,Hq,Hkv,d with Hkv dividing Hq")
+            shapes.append(("custom", values))
+    else:
+        shapes = []
+        for suite in args.suites.split(","):
+            if suite not in SUITES:
+                sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}")
+            shapes.append((suite, SUITES[suite]))
+    return [(suite, shape, dtype, causal == "yes", backend)
+            for suite, shape in shapes
+            for dtype in args.dtypes.split(",")
+            for causal in args.causal.split(",")
+            for backend in args.backends.split(",")]
+
+
+def flops(shape, causal: bool) -> float:
+    """4·B·Hq·Nq·Nkv·d, halved when causal: the same count as fa-bench (AttentionProblem::flops)."""
+    batch, q_len, kv_len, q_heads, _, head_dim = shape
+    full = 4.0 * batch * q_heads * q_len * kv_len * head_dim
+    return full / 2 if causal else full
+
+
+def fmt(value) -> str:
+    """A number the way fa-bench's C++ stream writes it (6 significant digits, nan)."""
+    if isinstance(value, int):
+        return str(value)
+    return "nan" if value is None or math.isnan(value) else f"{value:.6g}"
+
+
+def open_csv(path: str):
+    """Open the CSV for appending; write the header if new, refuse a file with another header."""
+    exists = os.path.exists(path) and os.path.getsize(path) > 0
+    if exists:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != COLUMNS:
+            sys.exit(f"{path}: its header is not fa-bench's ({','.join(COLUMNS)}); refusing to append")
+    f = open(path, "a", newline="")
+    if not exists:
+        f.write(",".join(COLUMNS) + "\n")
+    return f
+
+
+class Inputs:
+    """Q, K, V of one shape and dtype in the course's layout [B, N, H, d], plus SDPA's [B, H, N, d] views."""
+
+    def __init__(self, torch, shape, dtype, seed):
+        batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+
+        def uniform(*size):
+            # Uniform in [-1, 1), drawn in float32 and rounded to dtype like fa-bench's inputs.
+            return (torch.rand(*size, device="cuda", generator=generator) * 2 - 1).to(dtype)
+
+        self.q = uniform(batch, q_len, q_heads, head_dim)
+        self.k = uniform(batch, kv_len, kv_heads, head_dim)
+        self.v = uniform(batch, kv_len, kv_heads, head_dim)
+        # SDPA wants [B, H, N, d]: transposed views, no copies (the last dimension stays contiguous).
+        self.q_t, self.k_t, self.v_t = (x.transpose(1, 2) for x in (self.q, self.k, self.v))
+        self.gqa = q_heads != kv_heads
+
+
+def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
+    """float64 attention output of the sampled rows (b, i, h): tensor [len(rows), d]."""
+    head_dim = shape[5]
+    group = shape[3] // shape[4]
+    out = []
+    for b, i, h in rows:
+        q = inputs.q[b, i, h].double()
+        k = inputs.k[b, :, h // group].double()
+        v = inputs.v[b, :, h // group].double()
+        scores = (k @ q) / math.sqrt(head_dim)
+        if causal:
+            scores[i + 1:] = -math.inf  # top-left aligned: query i sees keys j <= i
+        out.append(torch.softmax(scores, dim=0) @ v)
+    return torch.stack(out)
+
+
+def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
+    """(median ms, min ms, max ms, reps, extra bytes, rel_err) of one backend on one configuration.
+
+    Raises RuntimeError when the selected backend has no kernel for it.
+    """
+    kwargs = {"is_causal": causal}
+    if inputs.gqa:
+        kwargs["enable_gqa"] = True  # query head h reads KV head h // (Hq / Hkv), as in the course
+
+    def call():
+        return sdpa(inputs.q_t, inputs.k_t, inputs.v_t, **kwargs)
+
+    # Extra memory: peak allocated during one call beyond what was live before it and the output it returns.
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = call()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+
+    # Accuracy on sampled rows; out is [B, H, N, d].
+    batch, q_len, _, q_heads, _, _ = shape
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    rows = [(int(torch.randint(batch, (1,), generator=generator)), int(torch.randint(q_len, (1,), generator=generator)),
+             int(torch.randint(q_heads, (1,), generator=generator))) for _ in range(args.sample_rows)]
+    got = torch.stack([out[b, h, i].double() for b, i, h in rows])
+    want = reference_rows(torch, inputs, shape, causal, rows)
+    rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
+    if not math.isfinite(rel_err):
+        rel_err = math.nan
+    del out
+
+    for _ in range(args.warmup):
+        call()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(args.reps):
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err
+
+
+def main(argv=None) -> int:
+    """Run the plan, print one line per measurement, append rows to the CSV."""
+    args = parse_args(argv)
+    measurements = plan(args)
+    if args.dry_run:
+        print(",".join(COLUMNS))
+        for suite, shape, dtype, causal, backend in measurements:
+            print(f"would time sdpa-{backend:<9} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = {','.join(map(str, shape))} "
+                  f"causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, median of {args.reps}")
+        return 0
+
+    try:  # only here: --help and --dry-run work without torch
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as error:
+        sys.exit(f"sdpa_peers.py needs PyTorch with torch.nn.attention (2.3 or later): {error}")
+
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device: sdpa_peers.py times GPU kernels")
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as in the steps and the cuBLAS baseline
+    torch.backends.cudnn.allow_tf32 = False
+    gpu = torch.cuda.get_device_name()
+    dtypes = {"f32": torch.float32, "f16": torch.float16}
+    print(f"{gpu}, torch {torch.__version__}; appending to {args.csv}")
+
+    with open_csv(args.csv) as f:
+        writer = csv.writer(f, lineterminator="\n")
+        inputs_key, inputs = None, None
+        for n, (suite, shape, dtype, causal, backend) in enumerate(measurements):
+            if inputs_key != (shape, dtype):
+                inputs = None
+                torch.cuda.empty_cache()
+                inputs = Inputs(torch, shape, dtypes[dtype], args.seed)
+                inputs_key = (shape, dtype)
+            what = (f"sdpa-{backend:<9} {suite:<8} {dtype} {','.join(map(str, shape))} "
+                    f"causal={'yes' if causal else 'no'}")
+            member = getattr(SDPBackend, BACKENDS[backend], None)
+            if member is None:
+                print(f"skip {what}: this torch has no SDPBackend.{BACKENDS[backend]}")
+                continue
+            try:
+                with warnings.catch_warnings(record=True) as caught, sdpa_kernel([member]):
+                    warnings.simplefilter("always")
+                    ms, ms_min, ms_max, reps, extra, rel_err = measure(torch, F.scaled_dot_product_attention,
+                                                                       inputs, shape, causal, args)
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+                # torch explains a refusal in warnings ("... requires ..."), then raises "No available kernel".
+                reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
+                print(f"skip {what}: {str(error).splitlines()[0]}" + (f" ({reasons})" if reasons else ""))
+                torch.cuda.empty_cache()
+                continue
+            tflops = flops(shape, causal) / (ms * 1e9)
+            batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
+            writer.writerow([f"sdpa-{backend}", "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim,
+                             int(causal), fmt(ms), fmt(tflops), extra, fmt(rel_err), gpu, suite, fmt(ms_min),
+                             fmt(ms_max), reps, "nan", "nan", "nan"])
+            f.flush()
+            print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
+                  f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -161,7 +161,7 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
 
 
 def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
-    """(median ms, min ms, max ms, reps, extra bytes, rel_err) of one backend on one configuration.
+    """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one backend on one configuration.
 
     Raises RuntimeError when the selected backend has no kernel for it.
     """
@@ -189,8 +189,9 @@ def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     got = torch.stack([out[b, h, i].double() for b, i, h in rows])
     want = reference_rows(torch, inputs, shape, causal, rows)
     rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
+    max_err = float((got - want).abs().max())
     if not math.isfinite(rel_err):
-        rel_err = math.nan
+        rel_err = max_err = math.nan
     del out
 
     for _ in range(args.warmup):
@@ -203,7 +204,7 @@ def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err
+    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err, max_err
 
 
 def main(argv=None) -> int:
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
             try:
                 with warnings.catch_warnings(record=True) as caught, sdpa_kernel([member]):
                     warnings.simplefilter("always")
-                    ms, ms_min, ms_max, reps, extra, rel_err = measure(torch, F.scaled_dot_product_attention,
+                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = measure(torch, F.scaled_dot_product_attention,
                                                                        inputs, shape, causal, args)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
                 # torch explains a refusal in warnings ("... requires ..."), then raises "No available kernel".
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
             batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
             writer.writerow([f"sdpa-{backend}", "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim,
                              int(causal), fmt(ms), fmt(tflops), extra, fmt(rel_err), gpu, suite, fmt(ms_min),
-                             fmt(ms_max), reps, "nan", "nan", "nan"])
+                             fmt(ms_max), reps, "nan", "nan", "nan", fmt(max_err)])
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
                   f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")

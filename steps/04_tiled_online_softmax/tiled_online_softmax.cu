@@ -208,7 +208,7 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
-// Block size, shared memory and occupancy of the kernel launch_typed<T, D> launches.
+/// Block size, shared memory and occupancy of the kernel launch_typed<T, D> launches.
 template <class T, int D>
 KernelResources resources_typed() {
   return kernel_resources(reinterpret_cast<const void*>(&tiled_online_softmax_kernel<T, D>), kThreadsPerBlock,

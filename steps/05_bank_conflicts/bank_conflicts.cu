@@ -256,13 +256,14 @@ void launch_layout(const AttentionProblem& p, const AttentionTensors& t, cudaStr
   throw_unsupported("step 05", "dtype", to_string(p.dtype), "f32, f16");
 }
 
-// Block size, shared memory and occupancy of the kernel launch_typed<L, T, D> launches.
+/// Block size, shared memory and occupancy of the kernel launch_typed<L, T, D> launches.
 template <Layout L, class T, int D>
 KernelResources resources_typed() {
   return kernel_resources(reinterpret_cast<const void*>(&bank_conflicts_kernel<T, D, L>), kThreadsPerBlock,
                           shared_bytes<L, D>());
 }
 
+/// Resources of the instantiation launch_layout<L> picks for p.
 template <Layout L>
 KernelResources resources_layout(const AttentionProblem& p) {
   const bool f16 = p.dtype == DType::f16;

@@ -23,9 +23,9 @@
 namespace fa::step06 {
 namespace {
 
-// Bc = 32 keys per K/V tile, one per lane; Br query rows (a template parameter).
+/// Bc = 32 keys per K/V tile, one per lane; Br query rows (a template parameter).
 constexpr int Bc = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+constexpr unsigned kFullMask = 0xffffffffu;  ///< all 32 lanes take part in every shuffle
 static_assert(Bc == 32, "one warp per row of S: Bc must be the warp size");
 
 /// K/V rows padded by four words and read as float4 (step 05's pad4_vec4): a
@@ -36,11 +36,13 @@ constexpr int kv_stride_words() {
 }
 
 /// Loads and stores in the tensor's type; all arithmetic is in float.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
 /// Butterfly max over the 32 lanes of a warp; every lane gets the result.
 __device__ float warp_max(float value) {
@@ -56,9 +58,12 @@ __device__ float warp_sum(float value) {
 
 /// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
 /// Bytes of dynamic shared memory: Q_i (Br x D), K_j and V_j (Bc padded rows
@@ -196,6 +201,7 @@ sp_reuse_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
   }
 }
 
+/// Launches sp_reuse_kernel for Br query rows, element type T and head dimension D on `stream`.
 template <int Br, class T, int D>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale()};
@@ -213,6 +219,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for Br query rows and element type T.
 template <int Br, class T>
 void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {
@@ -222,6 +229,7 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
+/// Validates the problem against what step 06 supports, then launches Br query rows per block.
 template <int Br>
 void launch_rows(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   validate(p);
@@ -240,13 +248,14 @@ void launch_rows(const AttentionProblem& p, const AttentionTensors& t, cudaStrea
   throw_unsupported("step 06", "dtype", to_string(p.dtype), "f32, f16");
 }
 
-// Block size, shared memory and occupancy of the kernel launch_typed<Br, T, D> launches.
+/// Block size, shared memory and occupancy of the kernel launch_typed<Br, T, D> launches.
 template <int Br, class T, int D>
 KernelResources resources_typed() {
   return kernel_resources(reinterpret_cast<const void*>(&sp_reuse_kernel<T, D, Br>), Br * Bc,
                           shared_bytes<Br, D>());
 }
 
+/// Resources of the instantiation launch_rows<Br> picks for p.
 template <int Br>
 KernelResources resources_rows(const AttentionProblem& p) {
   const bool f16 = p.dtype == DType::f16;

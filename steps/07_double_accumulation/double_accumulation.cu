@@ -29,9 +29,9 @@ namespace {
 /// (the kernel still takes Br as a template parameter).
 constexpr int kBr = 16;
 
-// Bc = 32 keys per K/V tile, one per lane; Br query rows (a template parameter).
+/// Bc = 32 keys per K/V tile, one per lane; Br query rows (a template parameter).
 constexpr int Bc = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+constexpr unsigned kFullMask = 0xffffffffu;  ///< all 32 lanes take part in every shuffle
 static_assert(Bc == 32, "one warp per row of S: Bc must be the warp size");
 
 /// K/V rows padded by four words and read as float4 (step 05's pad4_vec4): a
@@ -42,11 +42,13 @@ constexpr int kv_stride_words() {
 }
 
 /// Loads and stores in the tensor's type; the tiles hold floats.
+///@{
 __device__ float to_float(float x) { return x; }
 __device__ float to_float(__half x) { return __half2float(x); }
 template <class T> __device__ T from_float(float x);
 template <> __device__ float from_float<float>(float x) { return x; }
 template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+///@}
 
 // The accumulator: a traits class names the type Acc and every operation the
 // kernel does on it, so the kernel body is written once for both variants.
@@ -54,6 +56,8 @@ template <> __device__ __half from_float<__half>(float x) { return __float2half_
 /// Acc = double: plain FP64. A product of two floats is exact in double (24 +
 /// 24 significand bits < 53), so fma rounds once, at 2^-53.
 struct DoubleAccumulation {
+  /// The accumulator type and the operations the kernel does on it, in FP64.
+  ///@{
   using Acc = double;
   __device__ static Acc zero() { return 0.0; }
   __device__ static Acc negative_infinity() { return -INFINITY; }
@@ -69,10 +73,13 @@ struct DoubleAccumulation {
   __device__ static Acc shfl_xor(Acc v, int lane_mask) { return __shfl_xor_sync(kFullMask, v, lane_mask); }
   /// a / b in double, then one rounding to float.
   __device__ static float div_to_float(Acc a, Acc b) { return float(a / b); }
+  ///@}
 };
 
 /// Acc = float-float (hi, lo): FP32 instructions only (see float_float.cuh).
 struct FloatFloatAccumulation {
+  /// The accumulator type and the operations the kernel does on it, in float-float.
+  ///@{
   using Acc = ff::FloatFloat;
   __device__ static Acc zero() { return {0.f, 0.f}; }
   __device__ static Acc negative_infinity() { return {-INFINITY, 0.f}; }
@@ -87,6 +94,7 @@ struct FloatFloatAccumulation {
   __device__ static Acc exp_of_difference(Acc a, Acc b) { return ff::exp_of_difference(a, b); }
   __device__ static Acc shfl_xor(Acc v, int lane_mask) { return ff::shfl_xor(kFullMask, v, lane_mask); }
   __device__ static float div_to_float(Acc a, Acc b) { return ff::div_to_float(a, b); }
+  ///@}
 };
 
 /// Butterfly max over the 32 lanes of a warp, in Acc; every lane gets the result.
@@ -105,9 +113,12 @@ __device__ typename Accum::Acc warp_sum(typename Accum::Acc value) {
 
 /// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale;  ///< softmax scale applied to Q·Kᵀ
 };
 
 /// Bytes of dynamic shared memory: Q_i (Br x D), K_j and V_j (Bc padded rows
@@ -251,6 +262,7 @@ double_accumulation_kernel(const T* __restrict__ Q, const T* __restrict__ K, con
   }
 }
 
+/// Launches double_accumulation_kernel for accumulator Accum, element type T and head dimension D on `stream`.
 template <class Accum, class T, int D>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   constexpr int Br = kBr;
@@ -271,6 +283,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for accumulator Accum and element type T.
 template <class Accum, class T>
 void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {
@@ -280,6 +293,7 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
+/// Validates the problem against what step 07 supports, then launches accumulator Accum.
 template <class Accum>
 void launch_accumulating(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   validate(p);
@@ -298,13 +312,14 @@ void launch_accumulating(const AttentionProblem& p, const AttentionTensors& t, c
   throw_unsupported("step 07", "dtype", to_string(p.dtype), "f32, f16");
 }
 
-// Block size, shared memory and occupancy of the kernel launch_typed<Accum, T, D> launches.
+/// Block size, shared memory and occupancy of the kernel launch_typed<Accum, T, D> launches.
 template <class Accum, class T, int D>
 KernelResources resources_typed() {
   return kernel_resources(reinterpret_cast<const void*>(&double_accumulation_kernel<Accum, T, D, kBr>),
                           kBr * Bc, shared_bytes<typename Accum::Acc, kBr, D>());
 }
 
+/// Resources of the instantiation launch_accumulating<Accum> picks for p.
 template <class Accum>
 KernelResources resources_accumulating(const AttentionProblem& p) {
   const bool f16 = p.dtype == DType::f16;

@@ -25,19 +25,21 @@
 namespace fa::step08 {
 namespace {
 
-// The block tile: Br query rows x Bc keys, 16 x 8 = 128 threads, each owning
-// TM = 8 rows x TN = 8 keys of S (and the same 8 rows of O).
+/// The block tile: Br query rows x Bc keys, 16 x 8 = 128 threads, each owning
+/// TM = 8 rows x TN = 8 keys of S (and the same 8 rows of O).
+///@{
 constexpr int Br = 128;
 constexpr int Bc = 64;
 constexpr int TM = 8;
 constexpr int TN = 8;
-constexpr int kRowGroups = Br / TM;                   // ty = 0..15
-constexpr int kKeyGroups = Bc / TN;                   // tx = 0..7
-constexpr int kThreads = kRowGroups * kKeyGroups;     // 128
-constexpr int kRowGroupsPerWarp = 32 / kKeyGroups;    // 4: a warp is 4 row groups x 8 key groups
-constexpr int kPStride = Br + 4;                      // words per row of the transposed P tile
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kRowGroups = Br / TM;                   ///< ty = 0..15
+constexpr int kKeyGroups = Bc / TN;                   ///< tx = 0..7
+constexpr int kThreads = kRowGroups * kKeyGroups;     ///< 128
+constexpr int kRowGroupsPerWarp = 32 / kKeyGroups;    ///< 4: a warp is 4 row groups x 8 key groups
+constexpr int kPStride = Br + 4;                      ///< words per row of the transposed P tile
+///@}
+constexpr unsigned kFullMask = 0xffffffffu;           ///< all 32 lanes take part in every shuffle
+constexpr float kLog2e = 1.4426950408889634f;         ///< log2(e): exp(x) = exp2(x * kLog2e)
 static_assert(TM == 8 && TN == 8, "a thread's rows and keys are two float4 groups each");
 static_assert(32 % kKeyGroups == 0, "the threads sharing a row must sit in one warp");
 
@@ -50,6 +52,7 @@ __device__ int key_in_tile(int tx, int n) { return (n / 4) * (Bc / 2) + 4 * tx +
 __device__ int column_of(int tx, int c) { return (c / 4) * (4 * kKeyGroups) + 4 * tx + c % 4; }
 
 /// 16-byte global loads: four floats, or four halves (8 bytes) widened to float.
+///@{
 __device__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ float4 load4(const __half* p) {
   const uint2 raw = *reinterpret_cast<const uint2*>(p);
@@ -57,8 +60,10 @@ __device__ float4 load4(const __half* p) {
   const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
+///@}
 /// Stores four floats of O in the tensor's type, as one 16- or 8-byte vector. A
 /// streaming store (__stcs): O is written once and never read back here.
+///@{
 __device__ void store4(float* p, float4 v) { __stcs(reinterpret_cast<float4*>(p), v); }
 __device__ void store4(__half* p, float4 v) {
   const __half2 lo = __floats2half2_rn(v.x, v.y);
@@ -68,6 +73,7 @@ __device__ void store4(__half* p, float4 v) {
   raw.y = *reinterpret_cast<const unsigned*>(&hi);
   __stcs(reinterpret_cast<uint2*>(p), raw);
 }
+///@}
 /// An aligned float4 read from shared memory.
 __device__ float4 shared4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
@@ -86,19 +92,23 @@ __device__ float row_group_sum(float value) {
 
 /// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
   float scale_log2;  ///< softmax scale * log2(e): exp(scale*x - m) = exp2(scale_log2*x - m')
 };
 
 /// Words of each shared buffer for head dimension D.
 template <int D>
 struct SharedLayout {
-  static constexpr int q_words = D * Br;               // Q_i transposed  [D][Br]
-  static constexpr int k_words = D * Bc;               // K_j transposed  [D][Bc]
-  static constexpr int v_stride = D + 4;               // V_j             [Bc][D + 4]
-  static constexpr int v_words = Bc * v_stride;
-  static constexpr int p_words = Bc * kPStride;        // P transposed    [Bc][Br + 4]
+  static constexpr int q_words = D * Br;               ///< Q_i transposed  [D][Br]
+  static constexpr int k_words = D * Bc;               ///< K_j transposed  [D][Bc]
+  static constexpr int v_stride = D + 4;               ///< V_j             [Bc][D + 4]
+  static constexpr int v_words = Bc * v_stride;        ///< V_j's words
+  static constexpr int p_words = Bc * kPStride;        ///< P transposed    [Bc][Br + 4]
+  /// Bytes of dynamic shared memory for all four.
   static constexpr int bytes = int(sizeof(float)) * (q_words + k_words + v_words + p_words);
 };
 
@@ -321,6 +331,7 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
   }
 }
 
+/// Launches register_tiling_kernel for element type T and head dimension D on `stream`.
 template <class T, int D>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale() * kLog2e};
@@ -337,6 +348,7 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
+/// Picks the head-dimension instantiation for element type T.
 template <class T>
 void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   switch (p.head_dim) {

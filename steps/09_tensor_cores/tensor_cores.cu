@@ -33,10 +33,10 @@ namespace {
 #define FA_STEP09_TENSOR_CORES 0
 #endif
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kRowsPerWarp = 16;   // the M of one mma: each warp owns 16 query rows
-constexpr int kChunkElems = 8;     // 16-byte chunk = 8 half/bf16 elements = one ldmatrix row
+constexpr int kWarpSize = 32;                ///< lanes per warp
+constexpr unsigned kFullMask = 0xffffffffu;  ///< all 32 lanes take part in every shuffle
+constexpr int kRowsPerWarp = 16;   ///< the M of one mma: each warp owns 16 query rows
+constexpr int kChunkElems = 8;     ///< 16-byte chunk = 8 half/bf16 elements = one ldmatrix row
 
 // ---------------------------------------------------------------------------
 // Inline PTX wrappers. Fragment layouts are those of the PTX ISA, section
@@ -56,6 +56,7 @@ constexpr int kChunkElems = 8;     // 16-byte chunk = 8 half/bf16 elements = one
 
 /// D = A B + C for one 16x8x16 block: A 16x16 (row), B 16x8 (col), C and D
 /// 16x8 float, in the fragment layout above. One instruction per warp.
+///@{
 template <class T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                              std::uint32_t b1);
@@ -83,6 +84,7 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
+///@}
 
 /// Loads four 8x8 matrices of 16-bit elements from shared memory. Lanes 8i..8i+7
 /// give the addresses of rows 0..7 of matrix i (each row 16 contiguous bytes,
@@ -141,6 +143,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 /// Two floats rounded to T and packed in one register, the lower column in the
 /// low half (the A-fragment convention).
+///@{
 template <class T> __device__ std::uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -154,6 +157,7 @@ template <> __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float 
   std::memcpy(&bits, &h, 4);
   return bits;
 }
+///@}
 
 /// Shared-memory address (for PTX) of a generic pointer into shared memory.
 __device__ __forceinline__ std::uint32_t shared_address(const void* pointer) {
@@ -194,9 +198,12 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t tile, const T* hea
 
 /// Shapes the kernel needs, passed by value.
 struct Shape {
+  /// Sizes of the call, as in fa::AttentionProblem.
+  ///@{
   int q_len, kv_len, q_heads, kv_heads;
-  bool causal;
-  float scale_log2;  // softmax scale * log2(e): exp(scale * s) = 2^(s * scale_log2)
+  ///@}
+  bool causal;  ///< top-left causal mask: query i sees keys j <= i
+  float scale_log2;  ///< softmax scale * log2(e): exp(scale * s) = 2^(s * scale_log2)
 };
 
 /// Dynamic shared memory: Q_i (Br x D), one K_j tile and one V_j tile (Bc x D), 16-bit.
@@ -437,6 +444,7 @@ void check_architecture(Kernel kernel) {
                          "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=80 or newer (default 90)");
 }
 
+/// Launches tensor_cores_kernel for element type T, head dimension D, kWarps warps and Bc keys on `stream`.
 template <class T, int D, int kWarps, int Bc>
 void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   constexpr int Br = kWarps * kRowsPerWarp;
@@ -460,12 +468,13 @@ void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStre
   FA_CHECK_LAUNCH();
 }
 
-// Tile sizes. Bc = 64 keys per K/V tile. Every warp owns 16 query rows and reads
-// all of K_j and V_j from shared memory, so Br only sets how many warps share one
-// K/V tile: Br = 128 (8 warps) halves the K/V traffic from L2 per flop compared
-// with Br = 64 (4 warps) — at N = 4096, d = 128 that is 4 GB instead of 8 GB per
-// call — at the price of fewer, bigger blocks (worse balance on short sequences).
-// Both are registered: "09-br128" and "09-br64".
+/// Tile sizes. Bc = 64 keys per K/V tile. Every warp owns 16 query rows and reads
+/// all of K_j and V_j from shared memory, so Br only sets how many warps share one
+/// K/V tile: Br = 128 (8 warps) halves the K/V traffic from L2 per flop compared
+/// with Br = 64 (4 warps) — at N = 4096, d = 128 that is 4 GB instead of 8 GB per
+/// call — at the price of fewer, bigger blocks (worse balance on short sequences).
+/// Both are registered: "09-br128" and "09-br64".
+/// This launcher validates the problem, then launches kWarps warps per block.
 template <int kWarps>
 void launch_config(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   validate(p);

@@ -389,7 +389,16 @@ int run(int argc, char** argv) {
           first_call.start();
           step->launch(p, sets.tensors(0), nullptr);
           first_call.stop();
-          const double first_ms = first_call.elapsed_ms();
+          double first_ms = first_call.elapsed_ms();
+          // A first call also pays one-time costs (module load, library handles:
+          // cuBLAS's first call took 120 ms at N = 256): time a second one before
+          // judging a step too slow.
+          if (first_ms > max_ms) {
+            first_call.start();
+            step->launch(p, sets.tensors(0), nullptr);
+            first_call.stop();
+            first_ms = first_call.elapsed_ms();
+          }
           const ErrorStats error = sampled_error(p, sets.o[0], ref);
           if (first_ms > max_ms) {
             skip("one call took " + fmt(first_ms, 0) + " ms, over --max-ms " + fmt(max_ms, 0));

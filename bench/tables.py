@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Markdown tables from fa-bench CSVs, for the step READMEs and the top README.
+
+Every number in a README table is pasted from this script's output, so it can be
+checked against the recorded CSV (docs/results/) at any time:
+
+    python3 bench/tables.py times --suite teaching --steps 04,05 [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
+    python3 bench/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
+    python3 bench/tables.py course             # the top README's step table
+
+It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plots  # noqa: E402  the one CSV loader (plots.load) and row labels (plots.label)
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    """A number with `digits` significant digits, '–' for a missing one."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if value >= 100:
+        return f"{value:.0f}" if value >= 1000 else f"{value:.1f}"
+    return f"{value:.{digits}g}"
+
+
+def _sci(value: float) -> str:
+    """Errors in scientific notation."""
+    return "–" if value is None or math.isnan(value) else f"{value:.1e}"
+
+
+def _matches(row: dict, labels: list[str]) -> bool:
+    """True when the row's step id or label ("05", "05-pad1", "cublas", "sdpa-flash") is listed."""
+    name = row["step"] + (f"-{row['variant']}" if row["variant"] else "")
+    return row["step"] in labels or name in labels
+
+
+def _name(row: dict) -> str:
+    """Short label for a table cell: '05-pad1', 'cuBLAS standard attention (peer)'."""
+    return plots.label(row)
+
+
+def times(rows, suite, steps, dtypes, causals, head_dim=None, baseline="cublas") -> str:
+    """ms, TFLOPS, speedup over the fastest variant of the nearest earlier listed step, and over the baseline."""
+    lines = ["| step | dtype | causal | ms | TFLOPS | × previous step | × cuBLAS | rel. error |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for dtype in dtypes:
+        for causal in causals:
+            chosen = [r for r in plots.select(rows, suite=suite, dtype=dtype, causal=causal)
+                      if head_dim is None or r["head_dim"] == head_dim]
+            base = [r for r in chosen if r["step"] == baseline]
+            base_ms = base[0]["ms"] if base else math.nan
+            listed = [r for label in steps for r in chosen if _matches(r, [label])]
+            best_ms: dict[str, float] = {}  # fastest variant of each course step listed
+            for r in listed:
+                if not plots.is_peer(r):
+                    best_ms[r["step"]] = min(best_ms.get(r["step"], math.inf), r["ms"])
+            for r in listed:
+                earlier = [k for k in best_ms if k < r["step"]] if not plots.is_peer(r) else []
+                prev = f"{_fmt(best_ms[max(earlier)] / r['ms'])}×" if earlier else "–"
+                lines.append(f"| {_name(r)} | {dtype} | {'yes' if causal else 'no'} | {_fmt(r['ms'], 4)} | "
+                             f"{_fmt(r['tflops'])} | {prev} | {_fmt(base_ms / r['ms'])}× | {_sci(r['rel_err'])} |")
+    return "\n".join(lines)
+
+
+def accuracy(rows, steps, suite="accuracy", dtype="f32") -> str:
+    """Relative L2 and max abs error against the float64 reference, one row per N, one column pair per step."""
+    chosen = [r for r in plots.select(rows, suite=suite, dtype=dtype) if _matches(r, steps)]
+    names = sorted({_name(r) for r in chosen}, key=plots.order_key)
+    lengths = sorted({r["kv_len"] for r in chosen})
+    header = "| N | " + " | ".join(f"{n} rel L2 | {n} max abs" for n in names) + " |"
+    lines = [header, "|---:|" + "---:|" * (2 * len(names))]
+    for n in lengths:
+        cells = []
+        for name in names:
+            r = [r for r in chosen if _name(r) == name and r["kv_len"] == n]
+            cells += [_sci(r[0]["rel_err"]), _sci(r[0].get("max_err", math.nan))] if r else ["–", "–"]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def course(rows, dtype="f32", causal=0) -> str:
+    """The top README's table: each step's fastest variant at the teaching and headline shapes (d = 64)."""
+    suites = ("teaching", "headline")
+    best: dict[str, dict[str, dict]] = {}  # step id -> suite -> fastest row
+    for suite in suites:
+        for r in plots.select(rows, suite=suite, dtype=dtype, causal=causal, head_dim=64):
+            if r["step"] not in best or suite not in best[r["step"]] or r["ms"] < best[r["step"]][suite]["ms"]:
+                best.setdefault(r["step"], {})[suite] = r
+    ids = sorted(k for k in best if not plots.is_peer({"step": k}))
+    ids += sorted(k for k in best if plots.is_peer({"step": k}))
+    lines = ["| step (fastest variant) | teaching ms | TFLOPS | × previous | headline ms | TFLOPS | × previous |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    previous: dict[str, float] = {}
+    for step_id in ids:
+        variants = sorted({best[step_id][s]["variant"] for s in best[step_id] if best[step_id][s]["variant"]})
+        name = _name(next(iter(best[step_id].values())))
+        name = name.split("-")[0] + (f" ({', '.join(variants)})" if variants else "") \
+            if not plots.is_peer({"step": step_id}) else name
+        cells = [name]
+        for suite in suites:
+            r = best[step_id].get(suite)
+            if r is None:
+                cells += ["–", "–", "–"]
+                continue
+            prev = previous.get(suite)
+            cells += [_fmt(r["ms"], 4), _fmt(r["tflops"]),
+                      f"{_fmt(prev / r['ms'])}×" if prev and not plots.is_peer(r) else "–"]
+            if not plots.is_peer(r):
+                previous[suite] = r["ms"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Command line: which table, from which CSVs."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("table", choices=["times", "accuracy", "course"])
+    parser.add_argument("--csv", nargs="*", help="fa-bench CSVs (default: docs/results/*.csv)")
+    parser.add_argument("--suite", default=None, help="teaching, headline, sweep, custom, accuracy, accuracy-wide")
+    parser.add_argument("--steps", default="", help="comma-separated ids or labels, in table order")
+    parser.add_argument("--dtypes", default="f32,f16")
+    parser.add_argument("--causal", default="0,1", help="0, 1 or both (0,1)")
+    parser.add_argument("--head-dim", type=int, default=None)
+    args = parser.parse_args(argv)
+    paths = args.csv or sorted(glob.glob(os.path.join(plots.REPO, "docs", "results", "*.csv")))
+    rows = plots.load(paths)
+    steps = [s for s in args.steps.split(",") if s]
+    if args.table == "times":
+        print(times(rows, args.suite or "teaching", steps + ["cublas"] if "cublas" not in steps else steps,
+                    args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
+    elif args.table == "accuracy":
+        print(accuracy(rows, steps, args.suite or "accuracy"))
+    else:
+        print(course(rows, args.dtypes.split(",")[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

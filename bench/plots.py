@@ -13,7 +13,7 @@ reason printed):
   tflops.png          TFLOPS per step (headline shape, else teaching) against the
                       measured ceilings in bench/ceilings.csv
   memory_sweep.png    workspace beyond inputs and output (extra_bytes) against N
-  accuracy.png        rel_err against kv_len, rows with suite == "accuracy"
+  accuracy.png        rel_err against kv_len, rows with suite "accuracy" or "accuracy-wide"
 
 Rows whose step is not a two-digit course step (cublas, sdpa-*) are peers and
 are drawn grey and labelled "(peer)". Only numpy and matplotlib.
@@ -143,10 +143,11 @@ def fig_time_teaching(rows):
     causals = sorted({r["causal"] for r in rows})
     dtypes = [d for d in ("f32", "f16") if select(rows, dtype=d)]
     names = sorted({label(r) for r in rows}, key=order_key)
-    fig, axes = plt.subplots(1, len(causals), figsize=(max(6, 1.1 * len(names)) * len(causals), 4.6),
+    # One row of panels per causal setting, so the figure stays readable as steps are added.
+    fig, axes = plt.subplots(len(causals), 1, figsize=(max(8, 0.6 * len(names)), 4.4 * len(causals)),
                              squeeze=False, constrained_layout=True)
     width = 0.8 / len(dtypes)
-    for ax, causal in zip(axes[0], causals):
+    for ax, causal in zip(axes[:, 0], causals):
         for k, dtype in enumerate(dtypes):
             ms = {label(r): r["ms"] for r in select(rows, causal=causal, dtype=dtype)}
             x = np.arange(len(names)) + (k - (len(dtypes) - 1) / 2) * width
@@ -217,9 +218,10 @@ def fig_tflops(rows, ceilings=None):
         # f32 inputs compute in f32 (FFMA); the FP64 line shows what double accumulation would cap at.
         relevant = ("f32", "f64") if dtype == "f32" else ("f16",)
         for k, c in enumerate(x for x in ceilings if x["dtype"] in relevant):
-            ax.axhline(c["tflops"], color=f"C{k + 3}", ls="--", lw=1)
-            ax.annotate(f"{c['ceiling']}: {c['tflops']:g}", (-0.4, c["tflops"]), va="bottom", fontsize=7,
-                        color=f"C{k + 3}")
+            # Ceilings go into the legend: close values (53.3 and 50.9) would overprint as labels.
+            ax.axhline(c["tflops"], color=f"C{k + 3}", ls=(0, (4, 1 + k)), lw=1,
+                       label=f"{c['ceiling']}: {c['tflops']:g}")
+        ax.legend(fontsize=7, loc="upper left")
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("TFLOPS, 4·B·H·N²·d / t (log)")
@@ -253,17 +255,23 @@ def fig_memory_sweep(rows, dtype="f32", causal=0):
     return fig, None
 
 
+#: fa-bench's accuracy suites and how their panels are titled.
+ACCURACY_SUITES = {"accuracy": "inputs in [-1, 1)", "accuracy-wide": "wide logits: Q in [-30, 30)"}
+
+
 def fig_accuracy(rows):
-    """rel_err against kv_len per implementation, one panel per dtype, for rows with suite == 'accuracy'."""
+    """rel_err against kv_len per implementation, one panel per accuracy suite and dtype."""
     import matplotlib.pyplot as plt
 
-    rows = [r for r in select(rows, suite="accuracy") if math.isfinite(r["rel_err"])]
+    rows = [r for r in rows if r["suite"] in ACCURACY_SUITES and math.isfinite(r["rel_err"])]
     if not rows:
-        return None, "no rows with suite == accuracy"
-    dtypes = sorted({r["dtype"] for r in rows})
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.5), squeeze=False, constrained_layout=True)
-    for ax, dtype in zip(axes[0], dtypes):
-        subset = select(rows, dtype=dtype)
+        return None, "no rows with suite == accuracy or accuracy-wide"
+    panels = [(suite, dtype) for suite in ACCURACY_SUITES for dtype in sorted({r["dtype"] for r in rows})
+              if select(rows, suite=suite, dtype=dtype)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False,
+                             constrained_layout=True, sharey=True)
+    for ax, (suite, dtype) in zip(axes[0], panels):
+        subset = select(rows, suite=suite, dtype=dtype)
         names = sorted({label(r) for r in subset}, key=order_key)
         for n in names:
             for causal in sorted({r["causal"] for r in subset if label(r) == n}):
@@ -278,9 +286,9 @@ def fig_accuracy(rows):
         ax.set_yscale("log")
         ax.set_xlabel("kv_len (log2)")
         ax.set_ylabel("relative error vs float64 reference (log)")
-        ax.set_title(f"{dtype} inputs")
+        ax.set_title(f"{dtype}, {ACCURACY_SUITES[suite]}")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Accuracy as N grows, {_gpus(rows)}")
+    fig.suptitle(f"Error against the float64 reference as N grows, {_gpus(rows)}")
     return fig, None
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Count shared-memory bank conflicts of steps 04 and 05 with Nsight Compute.
+"""Count shared-memory bank conflicts (and achieved occupancy) of any step with Nsight Compute.
 
 Runs `fa-run` once per step label under `ncu` and reads, for the attention
 kernel only, the shared-memory load/store instructions, the wavefronts they
 took and the bank conflicts (extra wavefronts) Nsight Compute counted. Needs a
 GPU and ncu. Writes a CSV and prints a markdown table:
 
-    python3 bench/ncu_banks.py --csv banks.csv [--shape 4,1024,1024,8,8,64] [--dtype f32]
+    python3 bench/ncu_banks.py --csv banks.csv [--steps 04,05-pad1] [--shape 4,1024,1024,8,8,64] [--dtype f32]
 """
 import argparse
 import csv
@@ -22,8 +22,11 @@ METRICS = {
     "ld_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "st_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
     "duration_ns": "gpu__time_duration.sum",
+    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
 }
-KERNELS = "regex:tiled_online_softmax_kernel|bank_conflicts_kernel"
+# Every step's attention kernel is named <step folder name>_kernel (tiled_online_softmax_kernel,
+# bank_conflicts_kernel, sp_reuse_kernel, register_tiling_kernel, ...).
+KERNELS = "regex:_kernel"
 
 
 def profile(label, shape, dtype, fa_run, ncu):
@@ -67,11 +70,12 @@ def main():
         w.writerows(rows)
 
     print(f"shape B,Nq,Nkv,Hq,Hkv,d = {args.shape}, {args.dtype}, one launch under ncu --clock-control none")
-    print("| step | ld instr | ld conflicts | ld wavefronts/instr | st instr | st conflicts | st wavefronts/instr | kernel ms (ncu) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| step | ld instr | ld conflicts | ld wavefronts/instr | st instr | st conflicts | st wavefronts/instr | kernel ms (ncu) | achieved occupancy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['step']} | {r['ld_instructions']:.4g} | {r['ld_conflicts']:.4g} | {r['ld_ways']:.2f} | "
-              f"{r['st_instructions']:.4g} | {r['st_conflicts']:.4g} | {r['st_ways']:.2f} | {r['duration_ns'] / 1e6:.3f} |")
+              f"{r['st_instructions']:.4g} | {r['st_conflicts']:.4g} | {r['st_ways']:.2f} | {r['duration_ns'] / 1e6:.3f} | "
+              f"{r['occupancy_pct']:.1f} % |")
 
 
 if __name__ == "__main__":

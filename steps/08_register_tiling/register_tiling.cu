@@ -15,6 +15,7 @@
 //   lanes sharing it; l stays a per-thread partial sum, joined once at the end.
 // - Global loads are 16-byte vectors; exp2f with scale*log2(e) folded in.
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/problem.hpp"
 
 #include <cuda_fp16.h>
@@ -358,6 +359,13 @@ void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, c
   }
 }
 
+/// Block size, shared memory and occupancy of the kernel launch_typed<T, D> launches.
+template <class T, int D>
+KernelResources resources_typed() {
+  return kernel_resources(reinterpret_cast<const void*>(&register_tiling_kernel<T, D>), kThreads,
+                          SharedLayout<D>::bytes);
+}
+
 }  // namespace
 
 /// Step 08: register-tiled FP32 CUDA-core FlashAttention forward.
@@ -381,6 +389,17 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     default: break;  // bf16 and anything else: refused below
   }
   throw_unsupported("step 08", "dtype", to_string(p.dtype), "f32, f16");
+}
+
+/// Resources of the kernel launch would launch for p (fa-bench --resources).
+KernelResources resources(const AttentionProblem& p) {
+  const bool f16 = p.dtype == DType::f16;
+  switch (p.head_dim) {
+    case 32: return f16 ? resources_typed<__half, 32>() : resources_typed<float, 32>();
+    case 64: return f16 ? resources_typed<__half, 64>() : resources_typed<float, 64>();
+    case 128: return f16 ? resources_typed<__half, 128>() : resources_typed<float, 128>();
+  }
+  throw_unsupported("step 08", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
 }
 
 }  // namespace fa::step08

@@ -12,6 +12,7 @@
 // A operand of P V_j. K/V tiles arrive by cp.async while the other product runs.
 // Inputs are f16 or bf16 only: tensor cores take no f32 operands in this form.
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/problem.hpp"
 
 #include <cuda_bf16.h>
@@ -488,6 +489,11 @@ void launch_config(const AttentionProblem& p, const AttentionTensors& t, cudaStr
     throw_unsupported("step 09", "q_heads", std::to_string(p.q_heads), "at most 65535 (grid y)");
   if (p.batch > kMaxGridYZ)
     throw_unsupported("step 09", "batch", std::to_string(p.batch), "at most 65535 (grid z)");
+  // cp.async copies 16 bytes at a time and the output is written in 4-byte pairs.
+  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
+    if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+      throw_unsupported("step 09", "tensor address", std::to_string(reinterpret_cast<std::uintptr_t>(ptr)),
+                        "16-byte aligned pointers");
   constexpr int Bc = 64;
   const bool half = p.dtype == DType::f16;
   if (p.head_dim == 64)
@@ -495,6 +501,24 @@ void launch_config(const AttentionProblem& p, const AttentionTensors& t, cudaStr
                 : launch_typed<__nv_bfloat16, 64, kWarps, Bc>(p, t, stream);
   return half ? launch_typed<__half, 128, kWarps, Bc>(p, t, stream)
               : launch_typed<__nv_bfloat16, 128, kWarps, Bc>(p, t, stream);
+}
+
+/// Block size, shared memory and occupancy of the kernel launch_config<kWarps> launches for p.
+template <int kWarps>
+KernelResources resources_config(const AttentionProblem& p) {
+  constexpr int Bc = 64;
+  constexpr int Br = kWarps * kRowsPerWarp;
+  const bool half = p.dtype == DType::f16;
+  auto of = [](const void* kernel, int bytes) { return kernel_resources(kernel, kWarps * kWarpSize, bytes); };
+  if (p.head_dim == 64)
+    return half ? of(reinterpret_cast<const void*>(&tensor_cores_kernel<__half, 64, kWarps, Bc>),
+                     shared_bytes<64, Br, Bc>())
+                : of(reinterpret_cast<const void*>(&tensor_cores_kernel<__nv_bfloat16, 64, kWarps, Bc>),
+                     shared_bytes<64, Br, Bc>());
+  return half ? of(reinterpret_cast<const void*>(&tensor_cores_kernel<__half, 128, kWarps, Bc>),
+                   shared_bytes<128, Br, Bc>())
+              : of(reinterpret_cast<const void*>(&tensor_cores_kernel<__nv_bfloat16, 128, kWarps, Bc>),
+                   shared_bytes<128, Br, Bc>());
 }
 
 }  // namespace
@@ -507,5 +531,9 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 void launch_br64(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   launch_config<4>(p, t, stream);
 }
+/// Resources of the kernel launch would launch for p (fa-bench --resources).
+KernelResources resources(const AttentionProblem& p) { return resources_config<8>(p); }
+/// Resources of the kernel launch_br64 would launch for p.
+KernelResources resources_br64(const AttentionProblem& p) { return resources_config<4>(p); }
 
 }  // namespace fa::step09

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 
 using namespace fa;
 using Catch::Matchers::Contains;
@@ -63,6 +64,26 @@ TEST_CASE("launchers refuse head_dims and dtypes their registry entry does not l
       auto p = supported_problem(*step);
       p.dtype = dtype;
       CHECK_THROWS_WITH(step->launch(p, null_tensors, nullptr), Contains("dtype"));
+    }
+  }
+}
+
+TEST_CASE("launchers that need aligned tensors refuse misaligned ones before launching", "[cpu][validation]") {
+  // A pointer 4 bytes past a 256-byte boundary (as from an offset into a larger
+  // buffer): fine for the scalar steps, a fault for 16-byte vector loads.
+  void* misaligned = reinterpret_cast<void*>(std::uintptr_t(0x10000) + 4);
+  for (const StepInfo* step : steps_and_baseline()) {
+    if (step->pointer_alignment <= 1) continue;
+    INFO("step " << step->label() << " needs " << step->pointer_alignment << "-byte alignment");
+    const AttentionProblem p = supported_problem(*step);
+    for (int which = 0; which < 4; ++which) {
+      INFO("tensor " << "QKVO"[which]);
+      AttentionTensors t{};
+      if (which == 0) t.q = misaligned;
+      if (which == 1) t.k = misaligned;
+      if (which == 2) t.v = misaligned;
+      if (which == 3) t.o = misaligned;
+      CHECK_THROWS_WITH(step->launch(p, t, nullptr), Contains("aligned"));
     }
   }
 }

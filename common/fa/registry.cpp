@@ -85,12 +85,15 @@ const std::vector<StepInfo>& all_steps() {
        /*high_precision_accumulation=*/true},
       {"08", "", "register_tiling",
        "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch, nullptr, &step08::resources},
+       {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch, nullptr, &step08::resources,
+       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
       {"09", "br128", "tensor_cores",
        "FA2 forward on tensor cores: mma.sync m16n8k16, ldmatrix from swizzled tiles, P in registers, Br = 128",
-       {DType::f16, DType::bf16}, {64, 128}, &step09::launch, nullptr, &step09::resources},
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch, nullptr, &step09::resources,
+       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
       {"09", "br64", "tensor_cores", "step 09 with Br = 64 (4 warps): more, smaller blocks; twice the K/V reads",
-       {DType::f16, DType::bf16}, {64, 128}, &step09::launch_br64, nullptr, &step09::resources_br64},
+       {DType::f16, DType::bf16}, {64, 128}, &step09::launch_br64, nullptr, &step09::resources_br64,
+       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
   };
   return steps;
 }

@@ -41,6 +41,9 @@ struct StepInfo {
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
+  /// Bytes Q, K, V and O must be aligned to (0: any). Steps that move data in
+  /// 16-byte vectors (08, 09) refuse other pointers before launching.
+  int pointer_alignment = 0;
 
   /// Whether `dtype` is in dtypes.
   bool supports(DType dtype) const;

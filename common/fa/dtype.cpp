@@ -33,30 +33,26 @@ DType parse_dtype(const std::string& text) {
   throw std::invalid_argument("unknown dtype '" + text + "' (expected f32, f16 or bf16)");
 }
 
-unsigned short float_to_half_bits(float value) {
-  const __half h = __float2half_rn(value);
+namespace {
+/// The 16 bits of a 16-bit float (__half or __nv_bfloat16), and back: the two
+/// types differ only in how their bits are read, so one pair serves both.
+template <class T>
+unsigned short bits_of(T value) {
   unsigned short bits;
-  std::memcpy(&bits, &h, sizeof bits);
+  std::memcpy(&bits, &value, sizeof bits);
   return bits;
 }
-
-float half_bits_to_float(unsigned short bits) {
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
+template <class T>
+T from_bits(unsigned short bits) {
+  T value;
+  std::memcpy(static_cast<void*>(&value), &bits, sizeof bits);  // T is trivially copyable
+  return value;
 }
+}  // namespace
 
-unsigned short float_to_bf16_bits(float value) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(value);
-  unsigned short bits;
-  std::memcpy(&bits, &b, sizeof bits);
-  return bits;
-}
-
-float bf16_bits_to_float(unsigned short bits) {
-  __nv_bfloat16_raw raw;
-  raw.x = bits;
-  return __bfloat162float(__nv_bfloat16(raw));
-}
+unsigned short float_to_half_bits(float value) { return bits_of(__float2half_rn(value)); }
+float half_bits_to_float(unsigned short bits) { return __half2float(from_bits<__half>(bits)); }
+unsigned short float_to_bf16_bits(float value) { return bits_of(__float2bfloat16_rn(value)); }
+float bf16_bits_to_float(unsigned short bits) { return __bfloat162float(from_bits<__nv_bfloat16>(bits)); }
 
 }  // namespace fa

@@ -36,6 +36,7 @@ DType parse_dtype(const std::string& text) {
 namespace {
 /// The 16 bits of a 16-bit float (__half or __nv_bfloat16), and back: the two
 /// types differ only in how their bits are read, so one pair serves both.
+///@{
 template <class T>
 unsigned short bits_of(T value) {
   unsigned short bits;
@@ -48,6 +49,7 @@ T from_bits(unsigned short bits) {
   std::memcpy(static_cast<void*>(&value), &bits, sizeof bits);  // T is trivially copyable
   return value;
 }
+///@}
 }  // namespace
 
 unsigned short float_to_half_bits(float value) { return bits_of(__float2half_rn(value)); }

@@ -9,18 +9,20 @@
 // TF32); f16 and bf16 multiply 16-bit inputs with float accumulation, store S
 // in float and P in the input type (like PyTorch's math path). GQA is handled
 // with pointer arrays: query head h multiplies KV head h / group.
-#include "fa/cuda_check.hpp"
-#include "fa/problem.hpp"
+#include "fa/kit.cuh"
 
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <stdexcept>
 #include <string>
 
 namespace fa::cublas {
 namespace {
+
+/// What the baseline accepts. S (and P) live in the workspace.
+struct Support : kit::Support<kit::DTypes<float, __half, __nv_bfloat16>, kit::HeadDims<32, 64, 128>> {
+  static constexpr bool needs_workspace = true;
+};
 
 /// Throws std::runtime_error naming `what` unless status is CUBLAS_STATUS_SUCCESS.
 void check_cublas(cublasStatus_t status, const char* what) {
@@ -87,13 +89,6 @@ __global__ void make_pointers(const char* Q, const char* K, const char* V, char*
   p_ptr[bh] = static_cast<char*>(P) + s_elems * p_bytes;
 }
 
-/// Writes x to out[j] in out's type.
-///@{
-__device__ void store(float* out, int j, float x) { out[j] = x; }
-__device__ void store(__half* out, int j, float x) { out[j] = __float2half_rn(x); }
-__device__ void store(__nv_bfloat16* out, int j, float x) { out[j] = __float2bfloat16_rn(x); }
-///@}
-
 /// Row-wise safe softmax of S into P (P may alias S when both are float).
 template <int kThreads, class TP>
 __global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool causal) {
@@ -125,23 +120,18 @@ __global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool 
   }
   const float inv_l = 1.f / partial[0];
 
-  for (int j = threadIdx.x; j < kv_len; j += kThreads) store(out, j, j < keys ? expf(s[j] - m) * inv_l : 0.f);
+  for (int j = threadIdx.x; j < kv_len; j += kThreads)
+    out[j] = kit::from_float<TP>(j < keys ? expf(s[j] - m) * inv_l : 0.f);
 }
-
-}  // namespace
 
 std::size_t workspace_bytes(const AttentionProblem& p) { return layout(p).total; }
 
-void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  validate(p);
-  if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128)
-    throw_unsupported("cublas baseline", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-  if (p.dtype != DType::f32 && p.dtype != DType::f16 && p.dtype != DType::bf16)
-    throw_unsupported("cublas baseline", "dtype", to_string(p.dtype), "f32, f16, bf16");
+/// The three stages on `stream` for element type T.
+template <class T>
+void run(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   if (std::size_t(p.q_len) * p.kv_len > std::size_t(1) << 31)
     throw InvalidProblem("cublas baseline: q_len * kv_len = " + std::to_string(std::size_t(p.q_len) * p.kv_len) +
                          " scores per head exceed 2^31");
-  if (!t.workspace) throw InvalidProblem("cublas baseline: needs a workspace of workspace_bytes()");
 
   const bool narrow = p.dtype != DType::f32;  // f16 or bf16: P gets its own 16-bit buffer
   const Layout l = layout(p);
@@ -157,12 +147,10 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
   float** s_ptr = reinterpret_cast<float**>(arrays + 4 * heads);
   void** p_ptr = arrays + 5 * heads;
 
-  make_pointers<<<(heads + 127) / 128, 128, 0, stream>>>(
-      static_cast<const char*>(t.q), static_cast<const char*>(t.k), static_cast<const char*>(t.v),
-      static_cast<char*>(t.o), S, P, q_ptr, k_ptr, v_ptr, o_ptr, s_ptr, p_ptr,
-      Dims{p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim},
-      int(size_of(p.dtype)), narrow ? 2 : 4);
-  FA_CHECK_LAUNCH();
+  kit::launch(make_pointers, kit::ceil_div(heads, 128), 128, 0, stream, static_cast<const char*>(t.q),
+              static_cast<const char*>(t.k), static_cast<const char*>(t.v), static_cast<char*>(t.o), S, P, q_ptr,
+              k_ptr, v_ptr, o_ptr, s_ptr, p_ptr, Dims{p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim},
+              int(size_of(p.dtype)), narrow ? 2 : 4);
 
   cublasHandle_t h = handle();
   check_cublas(cublasSetStream(h, stream), "cublasSetStream");
@@ -179,15 +167,9 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
                "GEMM S = QK^T");
 
   constexpr int kThreads = 256;
-  const unsigned rows = unsigned(heads) * unsigned(p.q_len);
-  if (p.dtype == DType::f16)
-    softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, static_cast<__half*>(P), p.q_len, p.kv_len, p.causal);
-  else if (p.dtype == DType::bf16)
-    softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, static_cast<__nv_bfloat16*>(P), p.q_len, p.kv_len,
-                                                          p.causal);
-  else
-    softmax_rows<kThreads><<<rows, kThreads, 0, stream>>>(S, S, p.q_len, p.kv_len, p.causal);
-  FA_CHECK_LAUNCH();
+  const dim3 rows = kit::grid_1d(std::int64_t(heads) * p.q_len);  // one block per row of S
+  kit::launch(softmax_rows<kThreads, T>, rows, kThreads, 0, stream, S, static_cast<T*>(P), p.q_len, p.kv_len,
+              p.causal);
 
   // Column-major view: O_h^T (d x Nq, ld Hq*d) = V_h-as-(d x Nkv) * P^T-as-(Nkv x Nq).
   check_cublas(cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, d, p.q_len, p.kv_len, &one,
@@ -196,5 +178,15 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
                                    CUBLAS_GEMM_DEFAULT),
                "GEMM O = PV");
 }
+
+/// Validates the problem, then runs the three stages on `stream`.
+void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
+  kit::dispatch<Support>(p, t, "cublas baseline", [&]<class T, int D>() { run<T>(p, t, stream); });
+}
+
+}  // namespace
+
+/// The baseline as the registry lists it: the launcher and its workspace.
+Launcher launcher() { return kit::launcher<Support>(&launch, &workspace_bytes); }
 
 }  // namespace fa::cublas

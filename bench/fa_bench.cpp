@@ -259,8 +259,9 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
               "regs/thr", "blocks/SM", "warps/SM", "occupancy");
   int rows = 0;
   for (const StepInfo* step : steps) {
-    if (!step->resources) {
-      std::fprintf(stderr, "  skip %s: its registry entry reports no resources\n", step->label().c_str());
+    if (!step->reports_resources) {
+      std::fprintf(stderr, "  skip %s: it launches more than its own kernels (no resources reported)\n",
+                   step->label().c_str());
       continue;
     }
     for (DType dtype : dtypes) {

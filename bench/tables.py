@@ -7,6 +7,7 @@ checked against the recorded CSV (docs/results/) at any time:
     python3 bench/tables.py times --suite teaching --steps 04,05 [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
     python3 bench/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
     python3 bench/tables.py course             # the top README's step table
+    python3 bench/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
 
 It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader.
 """
@@ -119,10 +120,43 @@ def course(rows, dtype="f32", causal=0) -> str:
     return "\n".join(lines)
 
 
+def compare(old_rows, new_rows, pairs=(), limit=1.03) -> str:
+    """New against old, config by config: every label measured in both, and each NEW=OLD pair (a bare
+    step id stands for its fastest variant on that configuration). `limit` marks what got slower."""
+    def key(r):
+        return (r["suite"], r["dtype"], r["causal"], r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["head_dim"])
+
+    def fastest(rows, name, k):
+        here = [r for r in rows if key(r) == k]
+        hits = [r for r in here if _name(r) == name] or [r for r in here if r["step"] == name]
+        return min(hits, key=lambda r: r["ms"]) if hits else None
+
+    names = sorted({_name(r) for r in new_rows} & {_name(r) for r in old_rows}, key=plots.order_key)
+    wanted = [(n, n) for n in names] + [tuple(p.split("=", 1)) for p in pairs]
+    lines = ["| new | old | suite | dtype | causal | d | old ms | new ms | new / old |",
+             "|---|---|---|---|---|---:|---:|---:|---:|"]
+    slower = 0
+    for new_name, old_name in wanted:
+        for k in sorted({key(r) for r in new_rows}):
+            new, old = fastest(new_rows, new_name, k), fastest(old_rows, old_name, k)
+            if not new or not old:
+                continue
+            ratio = new["ms"] / old["ms"]
+            mark = " **slower**" if ratio > limit else ""
+            slower += ratio > limit
+            lines.append(f"| {new_name} | {old_name} | {k[0]} | {k[1]} | {'yes' if k[2] else 'no'} | {k[7]} | "
+                         f"{_fmt(old['ms'], 4)} | {_fmt(new['ms'], 4)} | {ratio:.3f}{mark} |")
+    lines.append(f"\n{len(lines) - 2} comparisons, {slower} more than {100 * (limit - 1):.0f} % slower")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["times", "accuracy", "course"])
+    parser.add_argument("table", choices=["times", "accuracy", "course", "compare"])
+    parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
+    parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
+    parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
     parser.add_argument("--csv", nargs="*", help="fa-bench CSVs (default: docs/results/*.csv)")
     parser.add_argument("--suite", default=None, help="teaching, headline, sweep, custom, accuracy, accuracy-wide")
     parser.add_argument("--steps", default="", help="comma-separated ids or labels, in table order")
@@ -136,6 +170,8 @@ def main(argv=None) -> int:
     if args.table == "times":
         print(times(rows, args.suite or "teaching", steps + ["cublas"] if "cublas" not in steps else steps,
                     args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
+    elif args.table == "compare":
+        print(compare(plots.load(args.old), plots.load(args.new), args.pair))
     elif args.table == "accuracy":
         print(accuracy(rows, steps, args.suite or "accuracy"))
     else:

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <random>
 #include <string>
 
 namespace fa::test {
@@ -24,6 +25,15 @@ bool gpu_or_skip() {
 }
 
 int skipped_cases() { return g_skipped; }
+
+std::vector<const StepInfo*> steps_under_test() {
+  return select_steps(g_step_filter.empty() ? "all,cublas" : g_step_filter);
+}
+
+std::uint64_t fresh_seed() {
+  static std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ device();
+}
 const char* step_filter() { return g_step_filter.c_str(); }
 void set_step_filter(const char* filter) { g_step_filter = filter; }
 int max_len() { return g_max_len; }

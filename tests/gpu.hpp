@@ -2,7 +2,19 @@
 /// @brief How GPU test cases skip on a machine without a CUDA device.
 #pragma once
 
+#include "fa/registry.hpp"
+
+#include <cstdint>
+#include <vector>
+
 namespace fa::test {
+
+/// The implementations under test: the step named by --step (all its variants), or every step and the
+/// cuBLAS baseline.
+std::vector<const StepInfo*> steps_under_test();
+
+/// A fresh seed from the machine's random device: every run tests new inputs (print it on failure).
+std::uint64_t fresh_seed();
 
 /// True when a CUDA device is present. When it is not, records that the
 /// current test case was skipped (main() then exits with 77, which CTest

@@ -26,11 +26,8 @@ struct Shape {
   float scale;  // 0: the default 1/sqrt(d)
 };
 
-// The implementations under test: one step (--step NN), or all and the baseline.
-std::vector<const StepInfo*> under_test() {
-  const std::string filter = test::step_filter();
-  return select_steps(filter.empty() ? "all,cublas" : filter);
-}
+using test::fresh_seed;
+std::vector<const StepInfo*> under_test() { return test::steps_under_test(); }
 
 // Shapes at head_dim 64, then two shapes for every other head_dim any step supports.
 std::vector<Shape> shapes() {
@@ -56,11 +53,6 @@ std::vector<Shape> shapes() {
                               [&](const Shape& s) { return s.q_len > limit || s.kv_len > limit; }),
                list.end());
   return list;
-}
-
-std::uint64_t fresh_seed() {
-  static std::random_device device;
-  return (std::uint64_t(device()) << 32) ^ device();
 }
 
 }  // namespace
@@ -122,6 +114,30 @@ TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][atte
       const std::size_t bytes_before = std::size_t(changed_key * row_elems) * size_of(dtype);
       CHECK(std::equal(first.bytes.begin(), first.bytes.begin() + bytes_before, second.bytes.begin()));
       CHECK_FALSE(std::equal(first.bytes.begin() + bytes_before, first.bytes.end(), second.bytes.begin() + bytes_before));
+    }
+  }
+}
+
+TEST_CASE("a batch beyond the grid's 65535 is refused with a clear message or computed right", "[gpu][attention]") {
+  // Most steps put the batch on grid y or z, which CUDA caps at 65535 blocks: kit::launch must refuse
+  // such a problem by name before launching. A step that maps it elsewhere must get it right.
+  FA_REQUIRE_GPU();
+  for (const StepInfo* step : under_test()) {
+    AttentionProblem p;
+    p.batch = 70000, p.q_len = 3, p.kv_len = 5, p.q_heads = 1, p.kv_heads = 1;
+    p.head_dim = step->head_dims.front(), p.dtype = step->dtypes.back();
+    const std::uint64_t seed = fresh_seed();
+    INFO("step " << step->label() << " " << p.describe() << " seed=" << seed);
+    const AttentionInputs inputs = random_inputs(p, seed);
+    try {
+      const HostTensor out = run_step(*step, p, inputs);
+      const ErrorStats stats =
+          compare(out, reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double()));
+      INFO("ran it: " << stats.describe());
+      CHECK(within(stats, tolerance_for(p.dtype)));
+    } catch (const InvalidProblem& refusal) {
+      INFO("refused: " << refusal.what());
+      CHECK_THAT(refusal.what(), Catch::Matchers::Contains("grid") && Catch::Matchers::Contains("70000"));
     }
   }
 }

@@ -29,9 +29,18 @@ TEST_CASE("validate names the bad field and its value", "[cpu][problem]") {
     CHECK_THROWS_WITH(validate(p), Contains("q_heads = 8") && Contains("kv_heads = 3"));
   }
   SECTION("scale must be finite") { p.scale = NAN; CHECK_THROWS_WITH(validate(p), Contains("scale")); }
-  SECTION("32-bit indexing limit") {
-    p.batch = 64, p.q_len = 1 << 16, p.head_dim = 128;
-    CHECK_THROWS_WITH(validate(p), Contains("2^31-1"));
+  SECTION("one sequence of Q must stay below 2^31 elements (32-bit offsets inside a sequence)") {
+    p.q_len = 1 << 21, p.head_dim = 128;  // 2^21 * 8 heads * 128 = 2^31 elements in one sequence
+    CHECK_THROWS_WITH(validate(p), Contains("one sequence of Q") && Contains("2^31-1"));
+  }
+  SECTION("one sequence of K/V must stay below 2^31 elements") {
+    p.kv_len = 1 << 23, p.head_dim = 128;  // 2^23 * 2 KV heads * 128 = 2^31
+    CHECK_THROWS_WITH(validate(p), Contains("one sequence of K/V") && Contains("2^31-1"));
+  }
+  SECTION("the whole problem may exceed 2^31 elements (64-bit offsets per batch and head)") {
+    p.batch = 1 << 12, p.q_len = 1 << 12, p.head_dim = 128;  // Q: 2^12 * 2^12 * 8 * 128 = 2^34 elements
+    CHECK(p.q_elements() > (std::int64_t(1) << 31));
+    CHECK_NOTHROW(validate(p));
   }
   SECTION("the exception type") { p.batch = 0; CHECK_THROWS_AS(validate(p), InvalidProblem); }
 }

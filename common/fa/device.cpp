@@ -57,18 +57,4 @@ float CudaEventTimer::elapsed_ms() {
   return ms;
 }
 
-KernelResources kernel_resources(const void* kernel, int threads_per_block, int dynamic_shared_bytes) {
-  if (dynamic_shared_bytes > 48 * 1024)
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_shared_bytes));
-  cudaFuncAttributes attributes{};
-  FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  KernelResources r;
-  r.threads_per_block = threads_per_block;
-  r.shared_bytes = int(attributes.sharedSizeBytes) + dynamic_shared_bytes;
-  r.registers = attributes.numRegs;
-  FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, kernel, threads_per_block,
-                                                              std::size_t(dynamic_shared_bytes)));
-  return r;
-}
-
 }  // namespace fa

@@ -80,18 +80,13 @@ class CudaEventTimer {
 };
 
 /// What the compiler and the occupancy calculator say about one kernel at one
-/// launch configuration: the numbers behind "how many blocks fit on an SM".
+/// launch configuration: the numbers behind "how many blocks fit on an SM"
+/// (kit::resources probes them from a step's own launch).
 struct KernelResources {
   int threads_per_block = 0;  ///< the launcher's block size
   int shared_bytes = 0;   ///< per block: dynamic + static shared memory
   int registers = 0;      ///< per thread, from the compiler (cudaFuncGetAttributes)
   int blocks_per_sm = 0;  ///< resident blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor)
 };
-
-/// Resources of `kernel` launched with `threads_per_block` threads and
-/// `dynamic_shared_bytes` of dynamic shared memory on the current device.
-/// Opts the kernel in above 48 KiB of dynamic shared memory exactly as a
-/// launcher does, so the occupancy is the one a launch would get.
-KernelResources kernel_resources(const void* kernel, int threads_per_block, int dynamic_shared_bytes);
 
 }  // namespace fa

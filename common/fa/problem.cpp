@@ -53,14 +53,20 @@ void validate(const AttentionProblem& p) {
   if (p.scale && !std::isfinite(*p.scale))
     throw InvalidProblem("attention problem: scale = " + std::to_string(*p.scale) +
                          " must be finite");
-  // Kernels index tensors with 32-bit offsets; larger tensors are refused, not wrapped.
+  // Kernels add a 64-bit offset per (batch, head) and index inside one sequence with 32-bit offsets
+  // (row * heads * head_dim + column): one sequence of Q (or O) and of K (or V) must stay below 2^31
+  // elements. The batch, and so the whole problem, may be larger.
   constexpr std::int64_t kMaxElements = std::numeric_limits<std::int32_t>::max();
-  if (p.q_elements() > kMaxElements)
-    throw InvalidProblem("attention problem: Q has " + std::to_string(p.q_elements()) +
-                         " elements; at most 2^31-1 are supported");
-  if (p.kv_elements() > kMaxElements)
-    throw InvalidProblem("attention problem: K/V have " + std::to_string(p.kv_elements()) +
-                         " elements; at most 2^31-1 are supported");
+  const std::int64_t q_sequence = std::int64_t(p.q_len) * p.q_heads * p.head_dim;
+  const std::int64_t kv_sequence = std::int64_t(p.kv_len) * p.kv_heads * p.head_dim;
+  if (q_sequence > kMaxElements)
+    throw InvalidProblem("attention problem: one sequence of Q has q_len * q_heads * head_dim = " +
+                         std::to_string(q_sequence) + " elements; at most 2^31-1 are supported " +
+                         "(steps index within a sequence with 32-bit offsets; the batch may be any size)");
+  if (kv_sequence > kMaxElements)
+    throw InvalidProblem("attention problem: one sequence of K/V has kv_len * kv_heads * head_dim = " +
+                         std::to_string(kv_sequence) + " elements; at most 2^31-1 are supported " +
+                         "(steps index within a sequence with 32-bit offsets; the batch may be any size)");
 }
 
 void throw_unsupported(const char* step, const char* field, const std::string& value,

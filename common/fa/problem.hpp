@@ -52,7 +52,9 @@ struct AttentionProblem {
 };
 
 /// Throws InvalidProblem naming the first bad field and its value.
-/// Every launcher calls this before touching the GPU.
+/// Every launcher calls this before touching the GPU. Besides positive sizes, kv_heads dividing q_heads
+/// and a finite scale, one sequence of Q and of K/V must hold fewer than 2^31 elements: kernels add a
+/// 64-bit offset per (batch, head) and index inside a sequence in 32 bits.
 void validate(const AttentionProblem& problem);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>").

@@ -1,99 +1,88 @@
-// The registry: every step of the course in order. A step's .cu file defines
-// fa::stepNN::launch (and workspace_bytes when it needs scratch memory); the
-// entry below says what the step is and what it accepts. The harness tests
-// every entry on every dtype and head_dim it lists, and checks that it refuses
-// the ones it does not list.
+// The registry: every step of the course in order. A step's .cu file exports a
+// Launcher per variant (its launch function and the dtypes, head_dims, minimum
+// GPU and alignment of its compile-time Support); the entry below says what the
+// step is. The harness tests every entry on every dtype and head_dim it lists,
+// and checks that it refuses the ones it does not list.
 #include "fa/registry.hpp"
+
+#include "fa/kit.hpp"
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
+#include <utility>
 
 namespace fa {
 
-// Launchers, one per step (defined in steps/NN_name/*.cu).
-namespace step01 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
-namespace step02 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t); }
-namespace step03 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   std::size_t workspace_bytes(const AttentionProblem&); }
-namespace step04 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources(const AttentionProblem&); }
-namespace step05 { void launch_pad1(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_pad4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_pad4_vec4(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_transpose(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources_pad1(const AttentionProblem&);
-                   KernelResources resources_pad4(const AttentionProblem&);
-                   KernelResources resources_pad4_vec4(const AttentionProblem&);
-                   KernelResources resources_transpose(const AttentionProblem&); }
-namespace step06 { void launch_br8(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_br16(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_br32(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources_br8(const AttentionProblem&);
-                   KernelResources resources_br16(const AttentionProblem&);
-                   KernelResources resources_br32(const AttentionProblem&); }
-namespace step07 { void launch_double(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_ff(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources_double(const AttentionProblem&);
-                   KernelResources resources_ff(const AttentionProblem&); }
-namespace step08 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources(const AttentionProblem&); }
-namespace step09 { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   void launch_br64(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   KernelResources resources(const AttentionProblem&);
-                   KernelResources resources_br64(const AttentionProblem&); }
+// What each step's .cu file exports: one Launcher per variant (steps/NN_name/*.cu), made by
+// kit::launcher<Support>() from the step's own compile-time list of dtypes and head_dims.
+namespace step01 { Launcher launcher(); }
+namespace step02 { Launcher launcher(); }
+namespace step03 { Launcher launcher(); }
+namespace step04 { Launcher launcher(); }
+namespace step05 { Launcher launcher_pad1(); Launcher launcher_pad4(); Launcher launcher_pad4_vec4();
+                   Launcher launcher_transpose(); }
+namespace step06 { Launcher launcher_br8(); Launcher launcher_br16(); Launcher launcher_br32(); }
+namespace step07 { Launcher launcher_double(); Launcher launcher_ff(); }
+namespace step08 { Launcher launcher(); }
+namespace step09 { Launcher launcher_br128(); Launcher launcher_br64(); }
+namespace step10 { Launcher launcher(); }
+namespace step11 { Launcher launcher(); Launcher launcher_f32(); }
+namespace step12 { Launcher launcher(); }
+namespace step13 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
-namespace cublas { void launch(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
-                   std::size_t workspace_bytes(const AttentionProblem&); }
+namespace cublas { Launcher launcher(); }
 
 const std::vector<StepInfo>& all_steps() {
   static const std::vector<StepInfo> steps = {
-      {"01", "", "naive", "one thread per output element; every score recomputed 3*d times",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step01::launch},
+      {"01", "", "naive", "one thread per output element; every score recomputed 3*d times", step01::launcher()},
       {"02", "", "reductions", "one block per row; keys split over threads, m and l joined by block reductions",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step02::launch},
+       step02::launcher()},
       {"03", "", "minimal_fa1",
        "FlashAttention-1 loop order: block per (batch, head), thread per query row, O/l/m in HBM between K/V tiles",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step03::launch, &step03::workspace_bytes},
+       step03::launcher()},
       {"04", "", "tiled_online_softmax",
        "FA2 loop order: a block keeps its Q tile and O, l, m on chip and streams K/V tiles past it",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step04::launch, nullptr, &step04::resources},
+       step04::launcher()},
       {"05", "pad1", "bank_conflicts", "K/V shared rows padded by one word: lane x starts in bank x",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad1, nullptr,
-       &step05::resources_pad1},
+       step05::launcher_pad1()},
       {"05", "pad4", "bank_conflicts", "K/V shared rows padded by four words, scalar reads: still 4-way conflicts",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4, nullptr,
-       &step05::resources_pad4},
+       step05::launcher_pad4()},
       {"05", "pad4_vec4", "bank_conflicts", "K/V shared rows padded by four words, read as float4: conflict-free",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_pad4_vec4, nullptr,
-       &step05::resources_pad4_vec4},
+       step05::launcher_pad4_vec4()},
       {"05", "transpose", "bank_conflicts", "K/V tiles stored transposed: conflict-free reads, 32-way conflicted stores",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step05::launch_transpose, nullptr,
-       &step05::resources_transpose},
+       step05::launcher_transpose()},
       {"06", "br8", "sp_reuse", "S and P share one shared tile, O in registers; Br = 8 rows, 256 threads",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br8, nullptr, &step06::resources_br8},
+       step06::launcher_br8()},
       {"06", "br16", "sp_reuse", "S and P share one shared tile, O in registers; Br = 16 rows, 512 threads",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br16, nullptr, &step06::resources_br16},
+       step06::launcher_br16()},
       {"06", "br32", "sp_reuse", "S and P share one shared tile, O in registers; Br = 32 rows, 1024 threads",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step06::launch_br32, nullptr, &step06::resources_br32},
+       step06::launcher_br32()},
       {"07", "double", "double_accumulation",
        "step 06 with S, P, m, l and O accumulated in double (FP64 arithmetic, exp in double)",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step07::launch_double, nullptr, &step07::resources_double,
-       /*high_precision_accumulation=*/true},
+       step07::launcher_double(), /*high_precision_accumulation=*/true},
       {"07", "ff", "double_accumulation",
        "step 06 with S, P, m, l and O accumulated in float-float pairs (FP32 error-free transformations)",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step07::launch_ff, nullptr, &step07::resources_ff,
-       /*high_precision_accumulation=*/true},
+       step07::launcher_ff(), /*high_precision_accumulation=*/true},
       {"08", "", "register_tiling",
        "each thread an 8x8 tile of S and 8 x d/8 of O in registers; float4 loads, transposed Q/K/P tiles",
-       {DType::f32, DType::f16}, {32, 64, 128}, &step08::launch, nullptr, &step08::resources,
-       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
+       step08::launcher()},
       {"09", "br128", "tensor_cores",
-       "FA2 forward on tensor cores: mma.sync m16n8k16, ldmatrix from swizzled tiles, P in registers, Br = 128",
-       {DType::f16, DType::bf16}, {64, 128}, &step09::launch, nullptr, &step09::resources,
-       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
+       "S and O on tensor cores: mma.sync m16n8k16, ldmatrix from swizzled tiles, P in registers, Br = 128",
+       step09::launcher_br128()},
       {"09", "br64", "tensor_cores", "step 09 with Br = 64 (4 warps): more, smaller blocks; twice the K/V reads",
-       {DType::f16, DType::bf16}, {64, 128}, &step09::launch_br64, nullptr, &step09::resources_br64,
-       /*high_precision_accumulation=*/false, /*pointer_alignment=*/16},
+       step09::launcher_br64()},
+      {"10", "", "async_pipeline",
+       "K/V tiles arrive by cp.async while the other product runs: loads hidden behind the tensor cores",
+       step10::launcher()},
+      {"11", "", "exp2_softmax", "softmax in base 2 with the scale folded in: one FMUL and one ex2.approx per score",
+       step11::launcher()},
+      {"11", "f32", "exp2_softmax", "the same base-2 softmax in step 08's register-tiled FP32 kernel (f32 and f16)",
+       step11::launcher_f32()},
+      {"12", "", "boundary_masking", "only tiles that cross kv_len or the causal diagonal test each score",
+       step12::launcher()},
+      {"13", "", "causal_order", "causal: the Q tiles with the most K/V tiles start first (longest job first)",
+       step13::launcher()},
   };
   return steps;
 }
@@ -101,10 +90,25 @@ const std::vector<StepInfo>& all_steps() {
 const StepInfo& cublas_baseline() {
   static const StepInfo baseline = {
       "cublas", "", "cublas standard attention",
-      "S = QK^T with cuBLAS, softmax kernel, O = PV with cuBLAS (N x N scores in memory)",
-      {DType::f32, DType::f16, DType::bf16}, {32, 64, 128}, &cublas::launch, &cublas::workspace_bytes};
+      "S = QK^T with cuBLAS, softmax kernel, O = PV with cuBLAS (N x N scores in memory)", cublas::launcher(),
+      /*high_precision_accumulation=*/false, /*reports_resources=*/false};
   return baseline;
 }
+
+StepInfo::StepInfo(std::string id_, std::string variant_, std::string name_, std::string summary_,
+                   const Launcher& launcher, bool high_precision, bool resources_reported)
+    : id(std::move(id_)),
+      variant(std::move(variant_)),
+      name(std::move(name_)),
+      summary(std::move(summary_)),
+      launch(launcher.launch),
+      dtypes(launcher.dtypes),
+      head_dims(launcher.head_dims),
+      min_arch(launcher.min_arch),
+      pointer_alignment(launcher.pointer_alignment),
+      workspace_bytes(launcher.workspace_bytes),
+      high_precision_accumulation(high_precision),
+      reports_resources(resources_reported) {}
 
 bool StepInfo::supports(DType dtype) const {
   return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
@@ -115,6 +119,13 @@ bool StepInfo::supports_head_dim(int head_dim) const {
 }
 
 std::string StepInfo::label() const { return variant.empty() ? id : id + "-" + variant; }
+
+std::string StepInfo::min_gpu() const { return min_arch ? "sm_" + std::to_string(min_arch) : "any"; }
+
+KernelResources StepInfo::resources(const AttentionProblem& p) const {
+  if (!reports_resources) throw std::logic_error(label() + " does not report kernel resources");
+  return kit::resources(launch, p);
+}
 
 std::size_t StepInfo::workspace_for(const AttentionProblem& p) const {
   return workspace_bytes ? workspace_bytes(p) : 0;

@@ -22,28 +22,40 @@ namespace fa {
 using LaunchFn = void (*)(const AttentionProblem&, const AttentionTensors&, cudaStream_t);
 /// Bytes of scratch device memory a call needs (beyond Q, K, V and O).
 using WorkspaceFn = std::size_t (*)(const AttentionProblem&);
-/// Threads, shared memory, registers and resident blocks per SM of the kernel
-/// the launcher would launch for this problem (fa-bench --resources). Needs a
-/// device; launches nothing. Throws InvalidProblem where the launcher would.
-using ResourcesFn = KernelResources (*)(const AttentionProblem&);
+
+/// What a step's .cu file exports for one of its variants, made by kit::launcher<Support>(): the
+/// launch function, and what it accepts, read from the step's compile-time Support (kit.cuh). The
+/// registry copies it into the step's StepInfo; nothing else writes a step's support down.
+struct Launcher {
+  LaunchFn launch = nullptr;    ///< validates, then launches on the given stream
+  std::vector<DType> dtypes;    ///< element types it accepts
+  std::vector<int> head_dims;   ///< head dimensions it accepts
+  int min_arch = 0;             ///< lowest compute capability, 10 * major + minor (80 = sm_80); 0: any
+  int pointer_alignment = 0;    ///< bytes Q, K, V and O must be aligned to (0: any)
+  WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
+};
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
 struct StepInfo {
+  /// An entry of the registry: who the step is, and what its .cu file exports.
+  StepInfo(std::string id, std::string variant, std::string name, std::string summary, const Launcher& launcher,
+           bool high_precision_accumulation = false, bool reports_resources = true);
+
   std::string id;       ///< "01".."NN", or a baseline's name ("cublas")
   std::string variant;  ///< "" for a step's only version; "pad4", "ktrans"... otherwise
   std::string name;     ///< folder name without the number: "naive"
   std::string summary;  ///< one line: what this step changes
+  LaunchFn launch = nullptr;   ///< validates, then launches on the given stream
   std::vector<DType> dtypes;   ///< element types it accepts
   std::vector<int> head_dims;  ///< head dimensions it accepts
-  LaunchFn launch = nullptr;  ///< validates, then launches on the given stream
+  int min_arch = 0;            ///< lowest compute capability (80 = sm_80); 0: any GPU
+  int pointer_alignment = 0;   ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
-  ResourcesFn resources = nullptr;        ///< nullptr: resources not reported
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
-  /// Bytes Q, K, V and O must be aligned to (0: any). Steps that move data in
-  /// 16-byte vectors (08, 09) refuse other pointers before launching.
-  int pointer_alignment = 0;
+  /// Launches its kernels through kit::launch only, so resources() can probe them (not the cuBLAS baseline).
+  bool reports_resources = true;
 
   /// Whether `dtype` is in dtypes.
   bool supports(DType dtype) const;
@@ -51,8 +63,13 @@ struct StepInfo {
   bool supports_head_dim(int head_dim) const;
   /// "01", "05-pad4", "cublas".
   std::string label() const;
+  /// "sm_80", or "any" when the step runs on every CUDA GPU.
+  std::string min_gpu() const;
   /// Scratch bytes for this problem (0 without a WorkspaceFn).
   std::size_t workspace_for(const AttentionProblem& p) const;
+  /// Threads, shared memory, registers and resident blocks per SM of the kernel launch() would launch
+  /// for p (fa-bench --resources). Needs a device; launches nothing (kit::resources).
+  KernelResources resources(const AttentionProblem& p) const;
 };
 
 /// Every step in course order.

@@ -9,15 +9,13 @@
 // go through shared memory, a chunk of keys at a time, so that thread c can add
 // sum_j P_ij V[j, c] for its own output column c.
 #include "02_reductions/reductions.cuh"
-#include "fa/cuda_check.hpp"
-#include "fa/problem.hpp"
-
-#include <cuda_fp16.h>
-
-#include <string>
+#include "fa/kit.cuh"
 
 namespace fa::step02 {
 namespace {
+
+/// What this step accepts. The block has head_dim threads and q_shared holds kMaxHeadDim floats.
+using Support = kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>>;
 
 /// One thread per output column: the block has head_dim threads (32, 64 or 128).
 /// q is kept in shared memory, so the largest head_dim sets its size.
@@ -27,56 +25,36 @@ constexpr int kMaxHeadDim = 128;
 /// and 64 KiB of shared memory per block would leave an SM room for 3 blocks.
 constexpr int kKeysPerChunk = 512;
 
-/// Loads and stores in the tensor's type; all arithmetic is in float.
-///@{
-__device__ float to_float(float x) { return x; }
-__device__ float to_float(__half x) { return __half2float(x); }
-template <class T> __device__ T from_float(float x);
-template <> __device__ float from_float<float>(float x) { return x; }
-template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-///@}
-
-/// Shapes the kernel needs, passed by value.
-struct Shape {
-  /// Sizes of the call, as in fa::AttentionProblem.
-  ///@{
-  int q_len, kv_len, q_heads, kv_heads, head_dim;
-  ///@}
-  bool causal;  ///< top-left causal mask: query i sees keys j <= i
-  float scale;  ///< softmax scale applied to Q·Kᵀ
-};
-
 /// Launched with one block per row (b, i, h) and blockDim.x == head_dim.
 template <class T>
-__global__ void reductions_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K,
-                                            const T* __restrict__ V, T* __restrict__ O, Shape s) {
+__global__ void reductions_attention_kernel(kit::Heads<T> s) {
   __shared__ float q_shared[kMaxHeadDim];
   __shared__ float P_chunk[kKeysPerChunk];
   __shared__ BlockReduceScratch<float> scratch;
 
   // Blocks are numbered in O's own order [batch, q_len, q_heads]: O's row is blockIdx.x.
-  const int row = blockIdx.x;
-  const int h = row % s.q_heads;
-  const int i = (row / s.q_heads) % s.q_len;
-  const int b = row / (s.q_heads * s.q_len);
+  const std::int64_t row = blockIdx.x;
+  const int h = int(row % s.q_heads);
+  const int i = int((row / s.q_heads) % s.q_len);
+  const int b = int(row / (std::int64_t(s.q_heads) * s.q_len));
   const int kv_head = h / (s.q_heads / s.kv_heads);  // GQA: a group of query heads shares one KV head
   const int c = threadIdx.x;                          // this thread's output column
   const int threads = blockDim.x;
 
-  const T* q_row = Q + row * s.head_dim;
-  const T* K_head = K + (b * s.kv_len * s.kv_heads + kv_head) * s.head_dim;
-  const T* V_head = V + (b * s.kv_len * s.kv_heads + kv_head) * s.head_dim;
-  const int kv_stride = s.kv_heads * s.head_dim;  // from key j to key j+1
+  const T* __restrict__ q_row = s.q_head(b, h) + i * s.q_stride();
+  const T* __restrict__ K_head = s.k_head(b, kv_head);
+  const T* __restrict__ V_head = s.v_head(b, kv_head);
+  const int kv_stride = s.kv_stride();  // from key j to key j+1
   const int keys = s.causal ? min(i + 1, s.kv_len) : s.kv_len;  // top-left causal: j <= i
 
   // Every score reads all of q: load it once, as float, for the whole block.
-  q_shared[c] = to_float(q_row[c]);
+  q_shared[c] = kit::to_float(q_row[c]);
   __syncthreads();
 
   auto score = [&](int j) {
     const T* k_row = K_head + j * kv_stride;
     float dot = 0.f;
-    for (int x = 0; x < s.head_dim; ++x) dot += q_shared[x] * to_float(k_row[x]);
+    for (int x = 0; x < s.head_dim; ++x) dot += q_shared[x] * kit::to_float(k_row[x]);
     return s.scale * dot;
   };
 
@@ -101,38 +79,25 @@ __global__ void reductions_attention_kernel(const T* __restrict__ Q, const T* __
     }
     __syncthreads();  // the chunk's weights are all written before anyone reads them
     for (int jj = 0; jj < chunk_keys; ++jj)
-      acc += P_chunk[jj] * to_float(V_head[(chunk_start + jj) * kv_stride + c]);
+      acc += P_chunk[jj] * kit::to_float(V_head[(chunk_start + jj) * kv_stride + c]);
     __syncthreads();  // everyone is done with this chunk before the next one overwrites it
   }
   const float l = block_sum(thread_sum, scratch);
 
-  O[row * s.head_dim + c] = from_float<T>(acc / l);
+  s.o_head(b, h)[i * s.q_stride() + c] = kit::from_float<T>(acc / l);
 }
 
-/// Launches the kernel for element type T on `stream`.
-template <class T>
-void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  const int rows = p.batch * p.q_len * p.q_heads;  // < 2^31: validate() bounds q_elements
-  const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, p.softmax_scale()};
-  reductions_attention_kernel<T><<<rows, p.head_dim, 0, stream>>>(
-      static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v),
-      static_cast<T*>(t.o), shape);
-  FA_CHECK_LAUNCH();
+/// Validates the problem, then launches one block of head_dim threads per output row on `stream`.
+void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
+  kit::dispatch<Support>(p, t, "step 02", [&]<class T, int D>() {
+    const dim3 grid = kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads);  // one block per row
+    kit::launch(reductions_attention_kernel<T>, grid, D, 0, stream, kit::heads<T>(p, t));
+  });
 }
 
 }  // namespace
 
-void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  validate(p);
-  // The block has head_dim threads and q_shared holds kMaxHeadDim floats.
-  if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128)
-    throw_unsupported("step 02", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-  switch (p.dtype) {
-    case DType::f32: return launch_typed<float>(p, t, stream);
-    case DType::f16: return launch_typed<__half>(p, t, stream);
-    default: break;  // bf16 and anything else: refused below
-  }
-  throw_unsupported("step 02", "dtype", to_string(p.dtype), "f32, f16");
-}
+/// Step 02 as the registry lists it.
+Launcher launcher() { return kit::launcher<Support>(&launch); }
 
 }  // namespace fa::step02

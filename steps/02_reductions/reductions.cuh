@@ -19,8 +19,11 @@
 ///   const float l = fa::step02::block_sum(thread_sum, scratch);  // same scratch again: safe
 /// @endcode
 ///
-/// Blocks are one-dimensional (blockDim.y == blockDim.z == 1): a thread's lane
-/// is threadIdx.x % 32 and its warp threadIdx.x / 32.
+/// The full-warp functions (warp_sum(v), warp_max(v), warp_reduce(v, op)) work
+/// in a block of any shape: they only shuffle. The others assume one-dimensional
+/// blocks (blockDim.y == blockDim.z == 1): a thread's lane is threadIdx.x % 32
+/// and its warp threadIdx.x / 32. Steps 04-07 take their row max and row sum
+/// from here.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,16 +51,38 @@ struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
   __device__ double operator()(double a, double b) const { return fmax(a, b); }
   __device__ int operator()(int a, int b) const { return max(a, b); }
+  /// Any other type: its own max, found next to the type (step 07's float-float pair).
+  template <class T>
+  __device__ T operator()(T a, T b) const { return max(a, b); }
   ///@}
 };
+
+/// Lane (this lane ^ lane_mask)'s `value`: one step of a butterfly. For a type
+/// the hardware cannot shuffle in one piece (step 07's float-float pair), an
+/// overload next to that type, found by argument-dependent lookup, takes over.
+template <class T>
+__device__ T shuffle_xor(T value, int lane_mask) {
+  return __shfl_xor_sync(kFullWarpMask, value, lane_mask);
+}
+
+/// Reduces `value` with `op` over the 32 lanes of the calling warp and returns
+/// the result to every lane: a butterfly. At each of 5 steps lane L combines its
+/// value with lane L ^ offset's (offset 16, 8, 4, 2, 1), so after the last step
+/// every lane holds the result of all 32, bit for bit the same in every lane
+/// (a + b == b + a in floating point too). Every lane must make the call.
+///
+/// @param value this lane's value
+/// @param op    SumOp or MaxOp (any associative, commutative operation on T)
+template <class T, class Op>
+__device__ T warp_reduce(T value, Op op) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value = op(value, shuffle_xor(value, offset));
+  return value;
+}
 
 /// Reduces `value` with `op` over lanes 0 .. lanes-1 of the calling warp and
 /// returns the result to every one of those lanes.
 ///
-/// A full warp (lanes == 32) uses a butterfly: at each of 5 steps lane L
-/// combines its value with lane L ^ offset's (offset 16, 8, 4, 2, 1), so after
-/// the last step every lane holds the result of all 32, bit for bit the same
-/// in every lane (a + b == b + a in floating point too).
+/// A full warp (lanes == 32) is the butterfly above.
 ///
 /// A partial warp (lanes < 32: the last warp of a block whose size is not a
 /// multiple of 32) has no lanes lanes..31, and a shuffle from a lane that does
@@ -71,12 +96,8 @@ struct MaxOp {
 /// @param lanes how many lanes, counted from lane 0, take part: 1..32; they
 ///              must all make the call (the warp must not be diverged here)
 template <class T, class Op>
-__device__ T warp_reduce(T value, Op op, int lanes = kWarpSize) {
-  if (lanes == kWarpSize) {
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-      value = op(value, __shfl_xor_sync(kFullWarpMask, value, offset));
-    return value;
-  }
+__device__ T warp_reduce(T value, Op op, int lanes) {
+  if (lanes == kWarpSize) return warp_reduce(value, op);
   const unsigned mask = (1u << lanes) - 1u;  // lanes 0 .. lanes-1
   const int lane = threadIdx.x % kWarpSize;
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -86,17 +107,27 @@ __device__ T warp_reduce(T value, Op op, int lanes = kWarpSize) {
   return __shfl_sync(mask, value, 0);
 }
 
+/// Sum of `value` over the 32 lanes of the warp, returned to each of them.
+template <class T>
+__device__ T warp_sum(T value) {
+  return warp_reduce(value, SumOp{});
+}
 /// Sum of `value` over lanes 0 .. lanes-1 of the warp, returned to each of them.
 /// @see warp_reduce for the rules on `lanes`.
 template <class T>
-__device__ T warp_sum(T value, int lanes = kWarpSize) {
+__device__ T warp_sum(T value, int lanes) {
   return warp_reduce(value, SumOp{}, lanes);
 }
 
+/// Maximum of `value` over the 32 lanes of the warp, returned to each of them.
+template <class T>
+__device__ T warp_max(T value) {
+  return warp_reduce(value, MaxOp{});
+}
 /// Maximum of `value` over lanes 0 .. lanes-1 of the warp, returned to each of them.
 /// @see warp_reduce for the rules on `lanes`.
 template <class T>
-__device__ T warp_max(T value, int lanes = kWarpSize) {
+__device__ T warp_max(T value, int lanes) {
   return warp_reduce(value, MaxOp{}, lanes);
 }
 

@@ -8,16 +8,18 @@
 // tiles outer and Q tiles inner, O, l and m in global memory between tiles. Unlike that original it
 // is right on every shape (tails, Br != Bc, causal, GQA, half) -- and still slow: the README says
 // why, and what step 04 changes.
-#include "fa/cuda_check.hpp"
-#include "fa/problem.hpp"
-
-#include <cuda_fp16.h>
+#include "fa/kit.cuh"
 
 #include <cstddef>
-#include <string>
 
 namespace fa::step03 {
 namespace {
+
+/// What this step accepts. The kernel is compiled for each head_dim, so its loops over d have fixed trip
+/// counts. O, l and m live in a workspace in global memory (see workspace_bytes).
+struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
+  static constexpr bool needs_workspace = true;
+};
 
 /// Algorithm 1, line 1: the tile sizes. One thread per query row, so Br is also the block size (one
 /// warp). Br != Bc on purpose, so every test exercises the case the original gets wrong. Bc = 2 Br
@@ -29,32 +31,11 @@ constexpr int Bc = 64;  ///< keys per K/V tile
 /// Q_i (Br x d), K_j and V_j (Bc x d) and S (Br x Bc), all float: 28, 48 and 88 KB at d = 32, 64, 128.
 constexpr int shared_bytes(int d) { return int(sizeof(float)) * (Br * d + 2 * Bc * d + Br * Bc); }
 
-/// Loads and stores in the tensor's type; all arithmetic is in float.
-///@{
-__device__ float to_float(float x) { return x; }
-__device__ float to_float(__half x) { return __half2float(x); }
-template <class T> __device__ T from_float(float x);
-template <> __device__ float from_float<float>(float x) { return x; }
-template <> __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-///@}
-
-/// Shapes the kernel needs, passed by value.
-struct Shape {
-  /// Sizes of the call, as in fa::AttentionProblem.
-  ///@{
-  int q_len, kv_len, q_heads, kv_heads;
-  ///@}
-  bool causal;  ///< top-left causal mask: query i sees keys j <= i
-  float scale;  ///< softmax scale applied to Q·Kᵀ
-};
-
 /// Block (h, b) computes O[b, :, h, :]. Thread tx owns query rows tx, tx + Br, tx + 2 Br, ... (its row
 /// of every Q tile): it alone reads and writes their O, l and m, so those need no barrier.
 template <class T, int d>
 __global__ void __launch_bounds__(Br)
-minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-                   T* __restrict__ O, float* __restrict__ O_acc, float* __restrict__ l,
-                   float* __restrict__ m, Shape s) {
+minimal_fa1_kernel(kit::Heads<T, d> s, float* __restrict__ O_acc, float* __restrict__ l, float* __restrict__ m) {
   const int tx = threadIdx.x;
   const int h = blockIdx.x, b = blockIdx.y;
   const int kv_head = h / (s.q_heads / s.kv_heads);  // GQA: a group of query heads shares one KV head
@@ -62,12 +43,12 @@ minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __
   // Lines 3-4: Tr Q tiles and Tc K/V tiles; the last of each may be partial. Row r of this head is
   // r * stride elements into Q, K, V, O ([batch, seq, heads, d]) and r * d into the float O_acc.
   const int Tr = (s.q_len + Br - 1) / Br, Tc = (s.kv_len + Bc - 1) / Bc;
-  const int q_stride = s.q_heads * d, kv_stride = s.kv_heads * d;
-  const T* Q_bh = Q + (b * s.q_len * s.q_heads + h) * d;
-  const T* K_bh = K + (b * s.kv_len * s.kv_heads + kv_head) * d;
-  const T* V_bh = V + (b * s.kv_len * s.kv_heads + kv_head) * d;
-  T* O_bh = O + (b * s.q_len * s.q_heads + h) * d;
-  const int head_rows = (b * s.q_heads + h) * s.q_len;  // the workspace is [batch, q_heads, q_len(, d)]
+  const int q_stride = s.q_stride(), kv_stride = s.kv_stride();
+  const T* __restrict__ Q_bh = s.q_head(b, h);
+  const T* __restrict__ K_bh = s.k_head(b, kv_head);
+  const T* __restrict__ V_bh = s.v_head(b, kv_head);
+  T* __restrict__ O_bh = s.o_head(b, h);
+  const std::int64_t head_rows = (std::int64_t(b) * s.q_heads + h) * s.q_len;  // the workspace is [batch, q_heads, q_len(, d)]
   float* O_acc_bh = O_acc + head_rows * d;
   float* l_bh = l + head_rows;
   float* m_bh = m + head_rows;
@@ -93,8 +74,8 @@ minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __
     for (int idx = tx; idx < Bc * d; idx += Br) {
       const int y = idx / d, x = idx % d;
       if (kv_start + y < s.kv_len) {
-        K_j[y][x] = to_float(K_bh[(kv_start + y) * kv_stride + x]);
-        V_j[y][x] = to_float(V_bh[(kv_start + y) * kv_stride + x]);
+        K_j[y][x] = kit::to_float(K_bh[(kv_start + y) * kv_stride + x]);
+        V_j[y][x] = kit::to_float(V_bh[(kv_start + y) * kv_stride + x]);
       }
     }
     __syncthreads();  // K_j, V_j are complete
@@ -111,7 +92,7 @@ minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __
 
       // Line 8: this thread's row of Q_i into shared memory, and its m and l (its row of O is read
       // where line 12 updates it).
-      for (int x = 0; x < d; ++x) Q_i[tx][x] = to_float(Q_bh[row * q_stride + x]);
+      for (int x = 0; x < d; ++x) Q_i[tx][x] = kit::to_float(Q_bh[row * q_stride + x]);
       const float m_prev = m_bh[row], l_prev = l_bh[row];
 
       // Line 9: S = scale * Q_i K_j^T, one row of dot products per thread; line 10: m~ = rowmax(S),
@@ -150,56 +131,30 @@ minimal_fa1_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __
   // Line 16: O is final (every row saw key 0 in tile j = 0, so l > 0). Round it once to T, from the
   // float accumulator this thread wrote itself.
   for (int row = tx; row < s.q_len; row += Br)
-    for (int x = 0; x < d; ++x) O_bh[row * q_stride + x] = from_float<T>(O_acc_bh[row * d + x]);
+    for (int x = 0; x < d; ++x) O_bh[row * q_stride + x] = kit::from_float<T>(O_acc_bh[row * d + x]);
 }
 
-/// Launches minimal_fa1_kernel for element type T and head dimension d on `stream`.
-template <class T, int d>
-void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  // The workspace (see workspace_bytes): the float O accumulator, then l, then m.
-  const int rows = p.batch * p.q_heads * p.q_len;
-  float* O_acc = static_cast<float*>(t.workspace);
-  float* l = O_acc + std::size_t(rows) * d;
-  float* m = l + rows;
-
-  // More than 48 KB of dynamic shared memory (d = 128) must be asked for; asking is harmless below.
-  const auto kernel = minimal_fa1_kernel<T, d>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes(d)));
-  const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale()};
-  kernel<<<dim3(p.q_heads, p.batch), Br, shared_bytes(d), stream>>>(
-      static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v),
-      static_cast<T*>(t.o), O_acc, l, m, shape);
-  FA_CHECK_LAUNCH();
-}
-
-/// Picks the head-dimension instantiation for element type T.
-template <class T>
-void launch_for_dtype(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 32: return launch_typed<T, 32>(p, t, stream);
-    case 64: return launch_typed<T, 64>(p, t, stream);
-    case 128: return launch_typed<T, 128>(p, t, stream);
-  }
-}
-
-}  // namespace
-
-// O accumulates in float even for half inputs, and l and m keep one float per query row, all in
-// global memory: B * Hq * Nq * (d + 2) floats.
+/// O accumulates in float even for half inputs, and l and m keep one float per query row, all in
+/// global memory: B * Hq * Nq * (d + 2) floats.
 std::size_t workspace_bytes(const AttentionProblem& p) {
   return sizeof(float) * std::size_t(p.batch) * p.q_heads * p.q_len * (std::size_t(p.head_dim) + 2);
 }
 
+/// Validates the problem, then launches one block per (head, batch) on `stream`.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  validate(p);
-  // The kernel is compiled for each head_dim, so its loops over d have fixed trip counts.
-  if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128)
-    throw_unsupported("step 03", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-  if (p.dtype != DType::f32 && p.dtype != DType::f16)
-    throw_unsupported("step 03", "dtype", to_string(p.dtype), "f32, f16");
-  if (!t.workspace) throw InvalidProblem("step 03: needs a workspace of workspace_bytes() bytes");
-  if (p.dtype == DType::f32) return launch_for_dtype<float>(p, t, stream);
-  return launch_for_dtype<__half>(p, t, stream);
+  kit::dispatch<Support>(p, t, "step 03", [&]<class T, int D>() {
+    // The workspace (see workspace_bytes): the float O accumulator, then l, then m.
+    float* O_acc = static_cast<float*>(t.workspace);
+    float* l = O_acc + std::size_t(p.batch) * p.q_heads * p.q_len * D;
+    float* m = l + std::size_t(p.batch) * p.q_heads * p.q_len;
+    kit::launch(minimal_fa1_kernel<T, D>, dim3(p.q_heads, p.batch), Br, shared_bytes(D), stream,
+                kit::heads<T, D>(p, t), O_acc, l, m);
+  });
 }
+
+}  // namespace
+
+/// Step 03 as the registry lists it: the launcher and its workspace.
+Launcher launcher() { return kit::launcher<Support>(&launch, &workspace_bytes); }
 
 }  // namespace fa::step03

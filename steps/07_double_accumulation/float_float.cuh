@@ -27,6 +27,9 @@ namespace fa::ff {
 struct __align__(8) FloatFloat {
   float hi;  ///< the value rounded to float
   float lo;  ///< what that rounding lost
+  FloatFloat() = default;
+  /// hi + lo; a float converts exactly (lo = 0), so FloatFloat(0.f) and FloatFloat(-INFINITY) work.
+  __host__ __device__ constexpr FloatFloat(float high, float low = 0.f) : hi(high), lo(low) {}
 };
 
 /// TwoSum (Knuth): s + e == a + b exactly, s = fl(a + b). 6 flops, no
@@ -129,10 +132,22 @@ __host__ __device__ inline float div_to_float(FloatFloat a, FloatFloat b) {
   return q + remainder / b.hi;
 }
 
+/// The operators step 07's kernel uses, so that the kernel reads the same for Acc = double and
+/// Acc = FloatFloat: a + b, a * b and a *= b are add and mul above; a == b compares both parts.
+///@{
+__host__ __device__ inline FloatFloat operator+(FloatFloat a, FloatFloat b) { return add(a, b); }
+__host__ __device__ inline FloatFloat operator*(FloatFloat a, FloatFloat b) { return mul(a, b); }
+__host__ __device__ inline FloatFloat operator*(FloatFloat a, float b) { return mul(a, b); }
+__host__ __device__ inline FloatFloat operator*(float a, FloatFloat b) { return mul(b, a); }
+__host__ __device__ inline FloatFloat& operator*=(FloatFloat& a, FloatFloat b) { return a = mul(a, b); }
+__host__ __device__ inline bool operator==(FloatFloat a, FloatFloat b) { return a.hi == b.hi && a.lo == b.lo; }
+///@}
+
 #ifdef __CUDACC__
-/// __shfl_xor_sync for a float-float: both halves move together.
-__device__ inline FloatFloat shfl_xor(unsigned mask, FloatFloat v, int lane_mask) {
-  return {__shfl_xor_sync(mask, v.hi, lane_mask), __shfl_xor_sync(mask, v.lo, lane_mask)};
+/// Lane (this lane ^ lane_mask)'s float-float: both halves move together. Step 02's warp
+/// reductions find it by argument-dependent lookup (see step02::shuffle_xor).
+__device__ inline FloatFloat shuffle_xor(FloatFloat v, int lane_mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.hi, lane_mask), __shfl_xor_sync(0xffffffffu, v.lo, lane_mask)};
 }
 #endif
 

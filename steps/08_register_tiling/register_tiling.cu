@@ -1,30 +1,21 @@
-// Step 08: register tiling. Each thread computes an 8 x 8 tile of S and an
-// 8 x (d/8) tile of O in registers, as the best FP32 SGEMM kernels do.
+// Step 08: register tiling. Each thread computes an 8 x 8 tile of S and an 8 x (d/8) tile of O in
+// registers, as the best FP32 SGEMM kernels do.
 //
-// What changed from step 06 (step 07 was the double-precision detour):
-// - Step 06 gave each thread one score S[y][x] and every 32nd column of O, so
-//   every multiply-add needed about one shared-memory load. Here thread
-//   (ty, tx) owns rows {4ty..4ty+3, 64+4ty..} and keys {4tx..4tx+3, 32+4tx..}
-//   of a Br x Bc = 128 x 64 tile: per k it reads 8 values of Q and 8 of K
-//   (four float4 loads) and does 64 FMAs. O += P.V is the same outer product
-//   over keys: 8 values of P and d/8 of V per key, 8 * d/8 FMAs.
-// - Q and K are stored transposed ([d][Br], [d][Bc]) so those float4 reads run
-//   along rows and keys; P goes to a transposed [Bc][Br + 4] tile; V stays
-//   [Bc][d + 4]. Every hot read and every store is free of bank conflicts.
-// - S, P, m and l live in registers; a row's max is a 3-step shuffle over the 8
-//   lanes sharing it; l stays a per-thread partial sum, joined once at the end.
-// - Global loads are 16-byte vectors; exp2f with scale*log2(e) folded in.
-#include "fa/cuda_check.hpp"
-#include "fa/device.hpp"
-#include "fa/problem.hpp"
-
-#include <cuda_fp16.h>
+// Step 06 gave each thread one score and every 32nd column of O, so every multiply-add needed about
+// one shared-memory load. Here a thread reads 8 values of Q and 8 of K per k (four float4 loads) and
+// does 64 FMAs; O += P.V is the same outer product over keys. The softmax is step 06's, in registers.
+#include "fa/kit.cuh"
 
 #include <cstdint>
-#include <string>
 
 namespace fa::step08 {
 namespace {
+
+/// What this step accepts: every tensor row is read and written in 16-byte (f32) or 8-byte (f16)
+/// vectors, so the tensors must be 16-byte aligned.
+struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
+  static constexpr int pointer_alignment = 16;
+};
 
 /// The block tile: Br query rows x Bc keys, 16 x 8 = 128 threads, each owning
 /// TM = 8 rows x TN = 8 keys of S (and the same 8 rows of O).
@@ -40,7 +31,6 @@ constexpr int kRowGroupsPerWarp = 32 / kKeyGroups;    ///< 4: a warp is 4 row gr
 constexpr int kPStride = Br + 4;                      ///< words per row of the transposed P tile
 ///@}
 constexpr unsigned kFullMask = 0xffffffffu;           ///< all 32 lanes take part in every shuffle
-constexpr float kLog2e = 1.4426950408889634f;         ///< log2(e): exp(x) = exp2(x * kLog2e)
 static_assert(TM == 8 && TN == 8, "a thread's rows and keys are two float4 groups each");
 static_assert(32 % kKeyGroups == 0, "the threads sharing a row must sit in one warp");
 
@@ -62,17 +52,16 @@ __device__ float4 load4(const __half* p) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 ///@}
-/// Stores four floats of O in the tensor's type, as one 16- or 8-byte vector. A
-/// streaming store (__stcs): O is written once and never read back here.
+/// Stores four floats of O in the tensor's type, as one 16- or 8-byte vector.
 ///@{
-__device__ void store4(float* p, float4 v) { __stcs(reinterpret_cast<float4*>(p), v); }
+__device__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ void store4(__half* p, float4 v) {
   const __half2 lo = __floats2half2_rn(v.x, v.y);
   const __half2 hi = __floats2half2_rn(v.z, v.w);
   uint2 raw;
   raw.x = *reinterpret_cast<const unsigned*>(&lo);
   raw.y = *reinterpret_cast<const unsigned*>(&hi);
-  __stcs(reinterpret_cast<uint2*>(p), raw);
+  *reinterpret_cast<uint2*>(p) = raw;
 }
 ///@}
 /// An aligned float4 read from shared memory.
@@ -91,16 +80,6 @@ __device__ float row_group_sum(float value) {
   return value;
 }
 
-/// Shapes the kernel needs, passed by value.
-struct Shape {
-  /// Sizes of the call, as in fa::AttentionProblem.
-  ///@{
-  int q_len, kv_len, q_heads, kv_heads;
-  ///@}
-  bool causal;  ///< top-left causal mask: query i sees keys j <= i
-  float scale_log2;  ///< softmax scale * log2(e): exp(scale*x - m) = exp2(scale_log2*x - m')
-};
-
 /// Words of each shared buffer for head dimension D.
 template <int D>
 struct SharedLayout {
@@ -113,19 +92,11 @@ struct SharedLayout {
   static constexpr int bytes = int(sizeof(float)) * (q_words + k_words + v_words + p_words);
 };
 
-/// Blocks of this kernel one H100 SM holds (228 KB of shared memory, 1 KB
-/// reserved per block); the registers per thread follow from it.
-template <int D>
-constexpr int blocks_per_sm() {
-  return 228 * 1024 / (SharedLayout<D>::bytes + 1024);
-}
-
 /// Grid (Tr, q_heads, batch), 128 threads: block (q_tile, h, b) computes rows
 /// [q_tile*Br, q_tile*Br + Br) of head h in batch b.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, blocks_per_sm<D>())
-register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-                       T* __restrict__ O, Shape s) {
+__global__ void __launch_bounds__(kThreads)
+register_tiling_kernel(kit::Heads<T, D> s) {
   using Smem = SharedLayout<D>;
   constexpr int TD = D / kKeyGroups;  // head-dim columns of O per thread: 4, 8, 16
   static_assert(D % (4 * kKeyGroups) == 0, "each thread's O columns are whole float4 groups");
@@ -146,28 +117,26 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
   const int ty = (tid / 32) * kRowGroupsPerWarp + lane % kRowGroupsPerWarp;  // row group, 0..15
   const int tx = lane / kRowGroupsPerWarp;                                    // key group, 0..7
 
-  // Causal blocks near the bottom of the matrix have the most tiles: start them first.
-  const int q_tile = s.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int i0 = q_tile * Br;
+  const int i0 = blockIdx.x * Br;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
   const int kv_head = h / (s.q_heads / s.kv_heads);
 
-  const int q_stride = s.q_heads * D;
-  const int kv_stride = s.kv_heads * D;
-  const T* Q_head = Q + (std::size_t(b) * s.q_len * s.q_heads + h) * D;
-  const T* K_head = K + (std::size_t(b) * s.kv_len * s.kv_heads + kv_head) * D;
-  const T* V_head = V + (std::size_t(b) * s.kv_len * s.kv_heads + kv_head) * D;
-  T* O_head = O + (std::size_t(b) * s.q_len * s.q_heads + h) * D;
+  const int q_stride = s.q_stride();
+  const int kv_stride = s.kv_stride();
+  const T* __restrict__ Q_head = s.q_head(b, h);
+  const T* __restrict__ K_head = s.k_head(b, kv_head);
+  const T* __restrict__ V_head = s.v_head(b, kv_head);
+  T* __restrict__ O_head = s.o_head(b, h);
 
   // Q_i, transposed: each thread takes one float4 of a row, consecutive threads
   // take consecutive rows, so the four scalar stores of a warp hit 32 different
-  // banks. Rows past q_len are zeros (their scores are finite and never written).
+  // banks. Rows past q_len are zeros (masked below, never written).
 #pragma unroll 4
   for (int step = 0; step < Br * D / 4 / kThreads; ++step) {
     const int f = step * kThreads + tid;
     const int r = f % Br, k = 4 * (f / Br);
-    const float4 q = i0 + r < s.q_len ? load4(Q_head + std::size_t(i0 + r) * q_stride + k)
+    const float4 q = i0 + r < s.q_len ? load4(Q_head + (i0 + r) * q_stride + k)
                                       : make_float4(0.f, 0.f, 0.f, 0.f);
     Q_T[(k + 0) * Br + r] = q.x;
     Q_T[(k + 1) * Br + r] = q.y;
@@ -175,8 +144,8 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
     Q_T[(k + 3) * Br + r] = q.w;
   }
 
-  // This thread's rows of O (unnormalised), and of m and l. m is in log2 units
-  // (scale_log2 * q.k); l is the sum over this thread's keys only.
+  // This thread's rows of O (unnormalised), and of m and l; l is the sum over
+  // this thread's keys only.
   float O_acc[TM][TD];
   float m[TM], l[TM];
 #pragma unroll
@@ -205,8 +174,8 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
       const int x = f % Bc, k = 4 * (f / Bc);
       const bool in_range = kv0 + x < s.kv_len;
       const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 key = in_range ? load4(K_head + std::size_t(kv0 + x) * kv_stride + k) : zero;
-      const float4 value = in_range ? load4(V_head + std::size_t(kv0 + x) * kv_stride + k) : zero;
+      const float4 key = in_range ? load4(K_head + (kv0 + x) * kv_stride + k) : zero;
+      const float4 value = in_range ? load4(V_head + (kv0 + x) * kv_stride + k) : zero;
       K_T[(k + 0) * Bc + x] = key.x;
       K_T[(k + 1) * Bc + x] = key.y;
       K_T[(k + 2) * Bc + x] = key.z;
@@ -238,27 +207,24 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
         for (int n = 0; n < TN; ++n) S[i][n] = fmaf(q[i], key[n], S[i][n]);
     }
 
-    // Scale into log2 units; mask (-inf) only on tiles that cross kv_len or,
-    // when causal, reach above the block's first row: a key past kv_len, or a
-    // key j > i for query i. Every other tile skips the per-element test.
-    const bool mask_tile = kv0 + Bc > s.kv_len || (s.causal && kv0 + Bc - 1 > i0);
+    // Scale, and mask as step 06 does: a key past kv_len, a key above the
+    // diagonal, or a row past q_len gives -inf. A thread owns whole rows, so
+    // each row's three conditions fold into one key limit: keys j < limit pass.
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
+      const int row = i0 + row_in_tile(ty, i);
+      const int limit = row >= s.q_len ? 0 : s.causal ? min(s.kv_len, row + 1) : s.kv_len;
 #pragma unroll
       for (int n = 0; n < TN; ++n) {
-        S[i][n] *= s.scale_log2;
-        if (mask_tile) {
-          const int row = i0 + row_in_tile(ty, i);
-          const int j = kv0 + key_in_tile(tx, n);
-          if (j >= s.kv_len || (s.causal && j > row)) S[i][n] = -INFINITY;
-        }
+        const int j = kv0 + key_in_tile(tx, n);
+        S[i][n] = j < limit ? s.scale * S[i][n] : -INFINITY;
       }
     }
 
     // Online softmax per row, in registers. The row max is joined over the 8
     // threads sharing the row (they must agree on m: each forms O columns from
     // all of the row's P). m_safe = 0 for a row with no valid key yet keeps
-    // exp2(-inf - m) at 0 instead of NaN. l is rescaled like O and summed later.
+    // exp(-inf - m) at 0 instead of NaN. l is rescaled like O and summed later.
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
       float tile_max = S[i][0];
@@ -266,14 +232,14 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
       for (int n = 1; n < TN; ++n) tile_max = fmaxf(tile_max, S[i][n]);
       const float m_new = fmaxf(m[i], row_group_max(tile_max));
       const float m_safe = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m[i] - m_safe);
+      const float alpha = expf(m[i] - m_safe);
       m[i] = m_new;
       l[i] *= alpha;
 #pragma unroll
       for (int c = 0; c < TD; ++c) O_acc[i][c] *= alpha;
 #pragma unroll
       for (int n = 0; n < TN; ++n) {
-        S[i][n] = exp2f(S[i][n] - m_safe);  // P overwrites S in the same registers
+        S[i][n] = expf(S[i][n] - m_safe);  // P overwrites S in the same registers
         l[i] += S[i][n];
       }
     }
@@ -326,80 +292,23 @@ register_tiling_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
       for (int g = 0; g < TD / 4; ++g) {
         const float4 out = make_float4(O_acc[i][4 * g] * inv_l, O_acc[i][4 * g + 1] * inv_l,
                                        O_acc[i][4 * g + 2] * inv_l, O_acc[i][4 * g + 3] * inv_l);
-        store4(O_head + std::size_t(row) * q_stride + column_of(tx, 4 * g), out);
+        store4(O_head + row * q_stride + column_of(tx, 4 * g), out);
       }
     }
   }
 }
 
-/// Launches register_tiling_kernel for element type T and head dimension D on `stream`.
-template <class T, int D>
-void launch_typed(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  const Shape shape{p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.causal, p.softmax_scale() * kLog2e};
-  const int Tr = (p.q_len + Br - 1) / Br;
-  const dim3 grid(Tr, p.q_heads, p.batch);
-  constexpr int bytes = SharedLayout<D>::bytes;
-  // Above 48 KiB of dynamic shared memory (every head_dim here) a kernel must opt in.
-  if (bytes > 48 * 1024)
-    FA_CUDA_CHECK(cudaFuncSetAttribute(register_tiling_kernel<T, D>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  register_tiling_kernel<T, D><<<grid, kThreads, bytes, stream>>>(
-      static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v),
-      static_cast<T*>(t.o), shape);
-  FA_CHECK_LAUNCH();
-}
-
-/// Picks the head-dimension instantiation for element type T.
-template <class T>
-void launch_for_head_dim(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 32: return launch_typed<T, 32>(p, t, stream);
-    case 64: return launch_typed<T, 64>(p, t, stream);
-    case 128: return launch_typed<T, 128>(p, t, stream);
-  }
-}
-
-/// Block size, shared memory and occupancy of the kernel launch_typed<T, D> launches.
-template <class T, int D>
-KernelResources resources_typed() {
-  return kernel_resources(reinterpret_cast<const void*>(&register_tiling_kernel<T, D>), kThreads,
-                          SharedLayout<D>::bytes);
+/// Validates the problem, then launches one block of 128 threads per (Q tile, head, batch) on `stream`.
+void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
+  kit::dispatch<Support>(p, t, "step 08", [&]<class T, int D>() {
+    const dim3 grid(kit::ceil_div(p.q_len, Br), p.q_heads, p.batch);
+    kit::launch(register_tiling_kernel<T, D>, grid, kThreads, SharedLayout<D>::bytes, stream, kit::heads<T, D>(p, t));
+  });
 }
 
 }  // namespace
 
-/// Step 08: register-tiled FP32 CUDA-core FlashAttention forward.
-void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  validate(p);
-  if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128)
-    throw_unsupported("step 08", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-  constexpr int kMaxGridYZ = 65535;
-  if (p.q_heads > kMaxGridYZ)
-    throw_unsupported("step 08", "q_heads", std::to_string(p.q_heads), "at most 65535 (grid y)");
-  if (p.batch > kMaxGridYZ)
-    throw_unsupported("step 08", "batch", std::to_string(p.batch), "at most 65535 (grid z)");
-  // The kernel reads and writes rows in 16-byte (f32) or 8-byte (f16) vectors.
-  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
-    if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
-      throw_unsupported("step 08", "tensor address", std::to_string(reinterpret_cast<std::uintptr_t>(ptr)),
-                        "16-byte aligned pointers");
-  switch (p.dtype) {
-    case DType::f32: return launch_for_head_dim<float>(p, t, stream);
-    case DType::f16: return launch_for_head_dim<__half>(p, t, stream);
-    default: break;  // bf16 and anything else: refused below
-  }
-  throw_unsupported("step 08", "dtype", to_string(p.dtype), "f32, f16");
-}
-
-/// Resources of the kernel launch would launch for p (fa-bench --resources).
-KernelResources resources(const AttentionProblem& p) {
-  const bool f16 = p.dtype == DType::f16;
-  switch (p.head_dim) {
-    case 32: return f16 ? resources_typed<__half, 32>() : resources_typed<float, 32>();
-    case 64: return f16 ? resources_typed<__half, 64>() : resources_typed<float, 64>();
-    case 128: return f16 ? resources_typed<__half, 128>() : resources_typed<float, 128>();
-  }
-  throw_unsupported("step 08", "head_dim", std::to_string(p.head_dim), "32, 64, 128");
-}
+/// Step 08 as the registry lists it.
+Launcher launcher() { return kit::launcher<Support>(&launch); }
 
 }  // namespace fa::step08

@@ -1,0 +1,199 @@
+// The host half of the steps' kit (kit.cuh, kit.hpp): refusals, launch checks, the per-device shared-memory
+// opt-in, and resources probed from a launcher. Written once for every step.
+#include "fa/kit.hpp"
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace fa::kit {
+namespace {
+
+// CUDA's grid and block limits, the same on every GPU since compute capability 3.0 (CUDA C++
+// Programming Guide, "Compute Capabilities", table of technical specifications). Checked without a
+// device, so a refusal never depends on one being present.
+constexpr unsigned kMaxGridX = 2147483647u;  // 2^31 - 1
+constexpr unsigned kMaxGridYZ = 65535u;
+constexpr unsigned kMaxThreadsPerBlock = 1024u;
+constexpr std::size_t kDefaultSharedLimit = 48 * 1024;  // dynamic shared memory without opting in
+
+thread_local LaunchScope* g_scope = nullptr;           // set by dispatch() while a step's body runs
+thread_local KernelResources* g_probe = nullptr;       // set by resources(): record, do not launch
+thread_local bool g_probed = false;                    // resources() recorded a kernel already
+
+/// What the kit needs to know about one device, read once.
+struct DeviceInfo {
+  int arch = 0;                  // 10 * major + minor
+  std::size_t shared_optin = 0;  // most shared memory one block may use (after opting in)
+  std::string name;
+};
+
+/// What the kit knows about one kernel on one device.
+struct KernelInfo {
+  cudaFuncAttributes attributes{};
+  std::size_t opted_in = kDefaultSharedLimit;  // dynamic shared memory the kernel may use so far
+};
+
+std::mutex g_mutex;
+std::map<int, DeviceInfo> g_devices;
+std::map<std::pair<const void*, int>, KernelInfo> g_kernels;
+
+int current_device() {
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+/// The current device's info (queried on first use). Caller holds g_mutex.
+const DeviceInfo& device_info(int device) {
+  auto it = g_devices.find(device);
+  if (it != g_devices.end()) return it->second;
+  DeviceInfo info;
+  int major = 0, minor = 0, optin = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  info.arch = 10 * major + minor;
+  info.shared_optin = std::size_t(optin);
+  cudaDeviceProp props{};
+  FA_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+  info.name = props.name;
+  return g_devices.emplace(device, info).first->second;
+}
+
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+
+/// "step 06" and the problem of the launch in progress, for messages.
+std::string who() {
+  if (!g_scope) return "kernel launch";
+  return std::string(g_scope->step) + " (" + g_scope->problem.describe() + ")";
+}
+
+std::string dims(dim3 d) {
+  return std::to_string(d.x) + " x " + std::to_string(d.y) + " x " + std::to_string(d.z);
+}
+
+}  // namespace
+
+void refuse_unsupported(const char* step, const AttentionProblem& p, const Launcher& supported) {
+  auto join = [](const auto& items, auto text) {
+    std::string out;
+    for (const auto& item : items) out += (out.empty() ? "" : ", ") + text(item);
+    return out;
+  };
+  bool dtype_ok = false;
+  for (DType d : supported.dtypes) dtype_ok |= d == p.dtype;
+  if (!dtype_ok)
+    throw_unsupported(step, "dtype", to_string(p.dtype),
+                      join(supported.dtypes, [](DType d) { return std::string(to_string(d)); }));
+  throw_unsupported(step, "head_dim", std::to_string(p.head_dim),
+                    join(supported.head_dims, [](int d) { return std::to_string(d); }));
+}
+
+void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace) {
+  if (alignment > 1) {
+    const std::pair<const char*, const void*> tensors[] = {{"Q", t.q}, {"K", t.k}, {"V", t.v}, {"O", t.o}};
+    for (const auto& [name, pointer] : tensors) {
+      const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+      if (address % unsigned(alignment) != 0) {
+        std::ostringstream value;
+        value << "0x" << std::hex << address << " (" << name << ")";
+        throw_unsupported(step, "tensor address", value.str(),
+                          std::to_string(alignment) + "-byte aligned pointers (the kernel moves " +
+                              std::to_string(alignment) + "-byte vectors)");
+      }
+    }
+  }
+  if (needs_workspace && !t.workspace)
+    throw InvalidProblem(std::string(step) +
+                         ": needs a workspace of the size its registry entry's workspace_bytes() gives; got none");
+}
+
+LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch)
+    : step(step_name), problem(p), min_arch(arch), previous_(g_scope) {
+  g_scope = this;
+}
+
+LaunchScope::~LaunchScope() { g_scope = previous_; }
+
+int device_arch() {
+  const int device = current_device();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  return device_info(device).arch;
+}
+
+void check_arch(const char* step, int device, int min_arch) {
+  if (device < min_arch)
+    throw_unsupported(step, "GPU architecture", arch_name(device), arch_name(min_arch) + " or newer");
+}
+
+bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes) {
+  // Limits every CUDA GPU shares: refused before the device is asked anything.
+  const unsigned threads = block.x * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock)
+    throw InvalidProblem(who() + ": a block of " + dims(block) + " threads; CUDA allows 1 to " +
+                         std::to_string(kMaxThreadsPerBlock));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > kMaxGridX || grid.y > kMaxGridYZ ||
+      grid.z > kMaxGridYZ)
+    throw InvalidProblem(who() + ": needs a grid of " + dims(grid) + " blocks; CUDA allows at most " +
+                         std::to_string(kMaxGridX) + " x " + std::to_string(kMaxGridYZ) + " x " +
+                         std::to_string(kMaxGridYZ) + " (the step's launcher maps sizes onto x, y, z)");
+
+  const int device = current_device();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  const DeviceInfo& dev = device_info(device);
+  if (g_scope) check_arch(g_scope->step, dev.arch, g_scope->min_arch);
+
+  auto [it, first_use] = g_kernels.try_emplace({kernel, device});
+  KernelInfo& info = it->second;
+  if (first_use) FA_CUDA_CHECK(cudaFuncGetAttributes(&info.attributes, kernel));
+  if (threads > unsigned(info.attributes.maxThreadsPerBlock))
+    throw InvalidProblem(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
+                         std::to_string(info.attributes.numRegs) + " registers per thread) allows at most " +
+                         std::to_string(info.attributes.maxThreadsPerBlock) + " on " + dev.name);
+  const std::size_t total_shared = info.attributes.sharedSizeBytes + shared_bytes;
+  if (total_shared > dev.shared_optin)
+    throw InvalidProblem(who() + ": needs " + std::to_string(total_shared) +
+                         " bytes of shared memory per block; " + dev.name + " allows at most " +
+                         std::to_string(dev.shared_optin));
+  // Above 48 KiB of dynamic shared memory a kernel must opt in, per device: once here.
+  if (shared_bytes > info.opted_in) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    info.opted_in = shared_bytes;
+  }
+
+  if (!g_probe) return true;
+  if (!g_probed) {  // the first kernel a launcher launches is the one reported
+    KernelResources& r = *g_probe;
+    r.threads_per_block = int(threads);
+    r.shared_bytes = int(total_shared);
+    r.registers = info.attributes.numRegs;
+    FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, kernel, int(threads), shared_bytes));
+    g_probed = true;
+  }
+  return false;
+}
+
+KernelResources resources(LaunchFn launch, const AttentionProblem& p) {
+  // Tensors the launcher never dereferences (nothing is launched): aligned, non-null addresses so
+  // that the pointer checks pass and only the problem decides.
+  void* placeholder = reinterpret_cast<void*>(std::uintptr_t(1) << 20);
+  const AttentionTensors tensors{placeholder, placeholder, placeholder, placeholder, placeholder};
+  KernelResources result;
+  g_probe = &result;
+  g_probed = false;
+  try {
+    launch(p, tensors, nullptr);
+  } catch (...) {
+    g_probe = nullptr;
+    throw;
+  }
+  g_probe = nullptr;
+  if (!g_probed) throw std::logic_error("kit::resources: the launcher launched no kernel through kit::launch");
+  return result;
+}
+
+}  // namespace fa::kit

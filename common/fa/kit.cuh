@@ -1,0 +1,227 @@
+/// @file kit.cuh
+/// @brief The steps' kit: everything a step's .cu file needs that is not its lesson, written once.
+///
+/// A step file holds the idea (its kernel); the kit holds the plumbing around it:
+///  1. element types: load f32/f16/bf16 as float (to_float), store float as the tensor's type (from_float);
+///  2. kernel arguments: Heads<T>, the tensors and sizes of one problem, with 64-bit offsets of each
+///     (batch, head), so no problem is capped at 2^31 elements in total;
+///  3. what a step supports: Support<DTypes<...>, HeadDims<...>>, declared once at compile time; the
+///     registry reads its lists (launcher()) and dispatch() instantiates exactly those;
+///  4. launch checks derived from the launch itself: grid and block limits, shared memory against what
+///     the device offers (opting in above 48 KiB once per kernel and device), the step's minimum
+///     compute capability; and the kernel's resources (registers, occupancy) from the same launch.
+///
+/// A step's launcher, whole:
+/// @code
+///   using Support = kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>>;
+///   void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
+///     kit::dispatch<Support>(p, t, "step 06", [&]<class T, int D>() {
+///       const dim3 grid(kit::ceil_div(p.q_len, Br), p.q_heads, p.batch), block(Bc, Br);
+///       kit::launch(sp_reuse_kernel<T, D>, grid, block, shared_bytes<D>(), stream, kit::heads<T, D>(p, t));
+///     });
+///   }
+///   Launcher launcher() { return kit::launcher<Support>(&launch); }  // what the registry lists
+/// @endcode
+#pragma once
+
+#include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
+#include "fa/problem.hpp"
+#include "fa/kit.hpp"
+#include "fa/registry.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace fa::kit {
+
+// ---------------------------------------------------------------------------
+// 1. Element types. Tensors are stored as float, __half or __nv_bfloat16;
+//    every step computes in float (or wider) and converts only at loads and stores.
+// ---------------------------------------------------------------------------
+
+/// An element of Q, K or V as float (exact for all three types).
+///@{
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+///@}
+
+/// A float rounded to nearest in the output's type T.
+///@{
+template <class T> __device__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+///@}
+
+/// The DType of element type T.
+template <class T> inline constexpr DType dtype_of = DType::f32;
+/// @cond
+template <> inline constexpr DType dtype_of<__half> = DType::f16;
+template <> inline constexpr DType dtype_of<__nv_bfloat16> = DType::bf16;
+/// @endcond
+
+// ---------------------------------------------------------------------------
+// 2. Kernel arguments.
+// ---------------------------------------------------------------------------
+
+/// One problem as a kernel sees it: the four tensors ([batch, seq, heads, head_dim], contiguous), the
+/// sizes, the mask and the scale. Passed by value. The head accessors add the (batch, head) offset in
+/// 64-bit arithmetic; offsets inside one sequence (row * stride + column) stay 32-bit, which validate()
+/// guarantees: q_len * q_heads * head_dim and kv_len * kv_heads * head_dim are below 2^31.
+///
+/// D is the head dimension when the kernel is compiled for one (its template parameter), so that
+/// strides and offsets are multiples of a constant the compiler sees; D = 0 reads head_dim at run time.
+/// Kernels copy the head pointers into `__restrict__` locals: the compiler honours __restrict__ on
+/// kernel parameters and locals, not on struct members, and it lets loads use the read-only path.
+template <class T, int D = 0>
+struct Heads {
+  const T* Q;  ///< [batch, q_len, q_heads, head_dim]
+  const T* K;  ///< [batch, kv_len, kv_heads, head_dim]
+  const T* V;  ///< [batch, kv_len, kv_heads, head_dim]
+  T* O;        ///< [batch, q_len, q_heads, head_dim]
+  int q_len;     ///< Nq: query rows per sequence
+  int kv_len;    ///< Nkv: keys per sequence
+  int q_heads;   ///< query heads
+  int kv_heads;  ///< KV heads (q_heads is a multiple)
+  int head_dim;  ///< d (equal to D when D > 0)
+  bool causal;   ///< top-left causal mask: query i sees keys j <= i
+  float scale;   ///< softmax scale applied to Q·Kᵀ
+
+  /// The head dimension: D, or head_dim when the kernel is not compiled for one.
+  __host__ __device__ int dim() const {
+    if constexpr (D > 0) return D;
+    else return head_dim;
+  }
+  /// Elements from one row of a query (or output) head to the next: q_heads * d.
+  __host__ __device__ int q_stride() const { return q_heads * dim(); }
+  /// Elements from one row of a key (or value) head to the next: kv_heads * d.
+  __host__ __device__ int kv_stride() const { return kv_heads * dim(); }
+  /// First element of query head h of sequence b (row 0); row i is i * q_stride() further.
+  __host__ __device__ const T* q_head(int b, int h) const { return Q + q_offset(b, h); }
+  /// First element of output head h of sequence b.
+  __host__ __device__ T* o_head(int b, int h) const { return O + q_offset(b, h); }
+  /// First element of key head kv_h of sequence b; row j is j * kv_stride() further.
+  __host__ __device__ const T* k_head(int b, int kv_h) const { return K + kv_offset(b, kv_h); }
+  /// First element of value head kv_h of sequence b.
+  __host__ __device__ const T* v_head(int b, int kv_h) const { return V + kv_offset(b, kv_h); }
+
+ private:
+  __host__ __device__ std::int64_t q_offset(int b, int h) const {
+    return (std::int64_t(b) * q_len * q_heads + h) * dim();
+  }
+  __host__ __device__ std::int64_t kv_offset(int b, int kv_h) const {
+    return (std::int64_t(b) * kv_len * kv_heads + kv_h) * dim();
+  }
+};
+
+/// The kernel arguments of problem p on tensors t, for element type T (and head dimension D, if the
+/// kernel is compiled for one).
+template <class T, int D = 0>
+Heads<T, D> heads(const AttentionProblem& p, const AttentionTensors& t) {
+  return {static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v), static_cast<T*>(t.o),
+          p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, p.softmax_scale()};
+}
+
+/// a / b rounded up: how many tiles of b cover a.
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/// A one-dimensional grid of `count` blocks. A count beyond 32 bits saturates instead of wrapping,
+/// so kit::launch refuses it (CUDA allows 2^31 - 1 blocks in x).
+inline dim3 grid_1d(std::int64_t count) {
+  return dim3(unsigned(count < 0 ? 0 : count > 0xffffffffLL ? 0xffffffffLL : count));
+}
+
+// ---------------------------------------------------------------------------
+// 3. What a step supports, declared once.
+// ---------------------------------------------------------------------------
+
+/// The element types a step accepts (float, __half, __nv_bfloat16).
+template <class... T> struct DTypes {};
+/// The head dimensions a step accepts (each one a template instantiation of its kernel).
+template <int... D> struct HeadDims {};
+
+/// What a step supports. Derive from it to change the defaults:
+/// @code
+///   struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
+///     static constexpr int min_arch = 80;           // mma.sync needs sm_80
+///     static constexpr int pointer_alignment = 16;  // 16-byte vector loads
+///   };
+/// @endcode
+template <class DTypeList, class HeadDimList>
+struct Support;
+
+/// @cond
+template <class... T, int... D>
+struct Support<DTypes<T...>, HeadDims<D...>> {
+  using dtype_list = DTypes<T...>;
+  using head_dim_list = HeadDims<D...>;
+  static constexpr int min_arch = 0;            ///< lowest compute capability, 10 * major + minor; 0: any
+  static constexpr int pointer_alignment = 0;   ///< bytes Q, K, V, O must be aligned to; 0: any
+  static constexpr bool needs_workspace = false;  ///< the launcher needs the registry's workspace
+};
+/// @endcond
+
+/// What the registry lists for a step's launch function `launch` with support S.
+template <class S, class... T, int... D>
+Launcher launcher_of(LaunchFn launch, WorkspaceFn workspace, DTypes<T...>, HeadDims<D...>) {
+  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace};
+}
+/// What the registry lists for `launch`, read off the step's Support (and its workspace size, if any).
+template <class S>
+Launcher launcher(LaunchFn launch, WorkspaceFn workspace = nullptr) {
+  return launcher_of<S>(launch, workspace, typename S::dtype_list{}, typename S::head_dim_list{});
+}
+
+// ---------------------------------------------------------------------------
+// 4. Dispatch and launch (their host halves are declared in kit.hpp, defined in kit.cpp).
+// ---------------------------------------------------------------------------
+
+/// Launches `kernel` on `stream` after prepare_launch's checks, then checks the launch.
+/// `args` convert to the kernel's parameters as in a <<<...>>> launch.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+            Args&&... args) {
+  if (!prepare_launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes)) return;
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+  FA_CHECK_LAUNCH();
+}
+
+/// @cond
+template <class... T, int... D>
+constexpr bool lists(const AttentionProblem& p, DTypes<T...>, HeadDims<D...>) {
+  return ((p.dtype == dtype_of<T>) || ...) && ((p.head_dim == D) || ...);
+}
+template <class Body, class T, int... D>
+bool dispatch_head_dim(int head_dim, Body& body, HeadDims<D...>) {
+  return ((head_dim == D ? (body.template operator()<T, D>(), true) : false) || ...);
+}
+template <class Body, class... T, int... D>
+bool dispatch_all(const AttentionProblem& p, Body& body, DTypes<T...>, HeadDims<D...> dims) {
+  return ((p.dtype == dtype_of<T> && dispatch_head_dim<Body, T>(p.head_dim, body, dims)) || ...);
+}
+/// @endcond
+
+/// Validates p, refuses what Support S does not list (before touching the GPU), then runs
+/// `body.template operator()<T, D>()` for p's element type T and head dimension D: exactly the
+/// instantiations S lists exist. `step` names the step in every message ("step 06").
+template <class S, class Body>
+void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* step, Body&& body) {
+#ifdef __CUDA_ARCH__
+  // Device code of a step is only compiled for GPUs it supports (add_step's MIN_ARCH in CMake).
+  static_assert(__CUDA_ARCH__ >= S::min_arch * 10, "this step's device code needs a newer GPU architecture");
+#endif
+  validate(p);
+  if (!lists(p, typename S::dtype_list{}, typename S::head_dim_list{})) refuse_unsupported(step, p, launcher<S>(nullptr));
+  check_tensors(step, t, S::pointer_alignment, S::needs_workspace);
+  const LaunchScope scope(step, p, S::min_arch);
+  dispatch_all(p, body, typename S::dtype_list{}, typename S::head_dim_list{});
+}
+
+}  // namespace fa::kit

@@ -1,0 +1,57 @@
+/// @file kit.hpp
+/// @brief The host half of the steps' kit (see kit.cuh): refusals, launch checks and resources,
+/// compiled once in kit.cpp.
+#pragma once
+
+#include "fa/device.hpp"
+#include "fa/problem.hpp"
+#include "fa/registry.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace fa::kit {
+
+/// Throws InvalidProblem naming the step, p's dtype or head_dim that `supported` does not list, and
+/// what it lists.
+[[noreturn]] void refuse_unsupported(const char* step, const AttentionProblem& p, const Launcher& supported);
+/// Throws InvalidProblem unless every tensor is `alignment`-byte aligned and, when `needs_workspace`,
+/// t.workspace is set.
+void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace);
+
+/// While dispatch() runs a step's body, the step and problem that kit::launch reports in its messages,
+/// and the compute capability it checks. One per thread; dispatch sets and restores it.
+class LaunchScope {
+ public:
+  /// Makes this the current scope of the calling thread until it is destroyed.
+  LaunchScope(const char* step, const AttentionProblem& problem, int min_arch);
+  ~LaunchScope();
+  LaunchScope(const LaunchScope&) = delete;
+  LaunchScope& operator=(const LaunchScope&) = delete;
+  const char* step;                ///< "step 06"
+  const AttentionProblem& problem;  ///< the problem being launched
+  int min_arch;                    ///< the step's minimum compute capability (0: any)
+
+ private:
+  LaunchScope* previous_;
+};
+
+/// Checks a launch of `kernel` against the grid and block limits, the device's compute capability and
+/// shared memory, and opts the kernel into more than 48 KiB of dynamic shared memory on this device
+/// (once per kernel and device). Returns true if the launch should go ahead, false when resources()
+/// is probing (it then records the kernel's resources instead). Throws InvalidProblem on a refusal.
+bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes);
+
+/// Resources (threads, shared memory, registers, resident blocks per SM) of the kernel that `launch`
+/// would launch for p, found by running the launcher in a mode where kit::launch records instead of
+/// launching. Needs a device; launches nothing. Throws InvalidProblem where the launcher would.
+KernelResources resources(LaunchFn launch, const AttentionProblem& p);
+
+/// Compute capability of the current device, as 10 * major + minor (90 for an H100).
+int device_arch();
+/// Throws InvalidProblem unless a device of compute capability `device` (10 * major + minor) meets
+/// the step's minimum `min_arch`. The message names the GPU's and the step's architectures.
+void check_arch(const char* step, int device, int min_arch);
+
+}  // namespace fa::kit

@@ -1,0 +1,63 @@
+// CPU tests of the steps' kit (common/fa/kit.hpp): what it refuses, and what it
+// says, before any device is asked anything. These run without a GPU: a check
+// that reached the CUDA runtime first would fail with a CudaError instead.
+#include "fa/kit.hpp"
+#include "fa/registry.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace fa;
+using Catch::Matchers::Contains;
+
+TEST_CASE("kit refuses grids and blocks beyond CUDA's limits before touching the device", "[cpu][kit]") {
+  // The kernel pointer is never used: the refusal comes first.
+  const void* no_kernel = nullptr;
+  CHECK_THROWS_AS(kit::prepare_launch(no_kernel, dim3(1, 65536, 1), dim3(32), 0), InvalidProblem);
+  CHECK_THROWS_WITH(kit::prepare_launch(no_kernel, dim3(1, 1, 70000), dim3(32), 0),
+                    Contains("1 x 1 x 70000") && Contains("65535"));
+  CHECK_THROWS_WITH(kit::prepare_launch(no_kernel, dim3(1), dim3(32, 64), 0), Contains("2048") || Contains("32 x 64"));
+  CHECK_THROWS_WITH(kit::prepare_launch(no_kernel, dim3(0), dim3(32), 0), Contains("grid"));
+}
+
+TEST_CASE("a launch inside a step names the step and the problem when it is refused", "[cpu][kit]") {
+  AttentionProblem p;
+  p.batch = 70000;
+  const kit::LaunchScope scope("step 03", p, 0);
+  CHECK_THROWS_WITH(kit::prepare_launch(nullptr, dim3(1, 70000), dim3(32), 0),
+                    Contains("step 03") && Contains("B=70000") && Contains("65535"));
+}
+
+TEST_CASE("the minimum GPU architecture is registry data, refused with both architectures named", "[cpu][kit]") {
+  CHECK_THROWS_WITH(kit::check_arch("step 09", 75, 80), Contains("sm_75") && Contains("sm_80 or newer"));
+  CHECK_NOTHROW(kit::check_arch("step 09", 90, 80));
+  CHECK_NOTHROW(kit::check_arch("step 01", 50, 0));
+  // Every tensor-core step (they take 16-bit inputs only) says it needs sm_80; the CUDA-core steps,
+  // which all take f32, run anywhere.
+  for (const StepInfo& step : all_steps()) {
+    INFO("step " << step.label());
+    const bool tensor_cores = !step.supports(DType::f32);
+    CHECK(step.min_arch == (tensor_cores ? 80 : 0));
+    CHECK(step.min_gpu() == (tensor_cores ? "sm_80" : "any"));
+  }
+}
+
+TEST_CASE("an unsupported dtype or head_dim is refused with the list the step supports", "[cpu][kit]") {
+  const AttentionTensors none{};
+  AttentionProblem p;
+  p.dtype = DType::f32, p.head_dim = 64;
+  const StepInfo& tensor_cores = *select_steps("09-br64").front();
+  CHECK_THROWS_WITH(tensor_cores.launch(p, none, nullptr),
+                    Contains("step 09") && Contains("dtype = f32") && Contains("supported: f16, bf16"));
+  p.dtype = DType::f16, p.head_dim = 48;
+  CHECK_THROWS_WITH(tensor_cores.launch(p, none, nullptr), Contains("head_dim = 48") && Contains("supported: 64, 128"));
+  const StepInfo& naive = *select_steps("01").front();
+  CHECK_THROWS_WITH(naive.launch(p, none, nullptr), Contains("supported: 32, 64, 128"));
+}
+
+TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit]") {
+  AttentionProblem p;
+  p.head_dim = 64;
+  const StepInfo& fa1 = *select_steps("03").front();
+  REQUIRE(fa1.workspace_bytes != nullptr);
+  CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{}, nullptr), Contains("workspace"));
+}

@@ -8,8 +8,8 @@
 
 namespace fa {
 
-void reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
-                             const double* v, int b, int i, int h, double* out_row) {
+double reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
+                               const double* v, int b, int i, int h, double* out_row) {
   const int d = p.head_dim;
   const int kv_head = h / p.group_size();
   const int keys = p.causal ? std::min(i + 1, p.kv_len) : p.kv_len;  // top-left causal: j <= i
@@ -20,13 +20,14 @@ void reference_attention_row(const AttentionProblem& p, const double* q, const d
   };
 
   std::vector<double> scores(keys);
-  double row_max = -INFINITY;
+  double row_max = -INFINITY, max_abs = 0;
   for (int j = 0; j < keys; ++j) {
     const double* k_row = kv_row(k, j);
     double dot = 0;
     for (int c = 0; c < d; ++c) dot += q_row[c] * k_row[c];
     scores[j] = scale * dot;
     row_max = std::max(row_max, scores[j]);
+    max_abs = std::max(max_abs, std::abs(scores[j]));
   }
   double row_sum = 0;
   for (int j = 0; j < keys; ++j) {
@@ -39,10 +40,12 @@ void reference_attention_row(const AttentionProblem& p, const double* q, const d
     const double weight = scores[j] / row_sum;
     for (int c = 0; c < d; ++c) out_row[c] += weight * v_row[c];
   }
+  return max_abs;
 }
 
 std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
-                                        const std::vector<double>& k, const std::vector<double>& v) {
+                                        const std::vector<double>& k, const std::vector<double>& v,
+                                        double* max_abs_score) {
   validate(p);
   if (std::int64_t(q.size()) != p.q_elements() || std::int64_t(k.size()) != p.kv_elements() ||
       std::int64_t(v.size()) != p.kv_elements())
@@ -50,19 +53,23 @@ std::vector<double> reference_attention(const AttentionProblem& p, const std::ve
   std::vector<double> out(q.size());
   const std::int64_t rows = std::int64_t(p.batch) * p.q_len * p.q_heads;
   const int workers = int(std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64u)));
+  std::vector<double> worker_max(workers, 0.0);
   auto work = [&](int worker) {
     // Row r is (b, i, h) in the output's own order, so each row is contiguous.
     for (std::int64_t r = worker; r < rows; r += workers) {
       const int h = int(r % p.q_heads);
       const int i = int((r / p.q_heads) % p.q_len);
       const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
-      reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h, out.data() + r * p.head_dim);
+      const double row_max = reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h,
+                                                     out.data() + r * p.head_dim);
+      worker_max[worker] = std::max(worker_max[worker], row_max);
     }
   };
   std::vector<std::thread> threads;
   for (int w = 1; w < workers; ++w) threads.emplace_back(work, w);
   work(0);
   for (auto& t : threads) t.join();
+  if (max_abs_score) *max_abs_score = *std::max_element(worker_max.begin(), worker_max.end());
   return out;
 }
 

@@ -13,13 +13,17 @@
 namespace fa {
 
 /// One output row O[b, i, h, 0:head_dim] into out_row. q, k, v are whole
-/// tensors in the problem's layout, as doubles.
-void reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
-                             const double* v, int b, int i, int h, double* out_row);
+/// tensors in the problem's layout, as doubles. Returns the largest |score|
+/// (|scale q.k|) of the keys the row sees.
+double reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
+                               const double* v, int b, int i, int h, double* out_row);
 
 /// The whole output, rows spread over the machine's cores. Validates p.
+/// With max_abs_score, also the largest |score| of the whole problem (the
+/// tolerances grow with it: see tolerance_for).
 std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
-                                        const std::vector<double>& k, const std::vector<double>& v);
+                                        const std::vector<double>& k, const std::vector<double>& v,
+                                        double* max_abs_score = nullptr);
 
 /// The trace of a row-major rows x cols matrix: the sum of its min(rows, cols)
 /// diagonal elements, added in double (exact for int sums below 2^53).

@@ -12,6 +12,7 @@ namespace fa::test {
 namespace {
 int g_skipped = 0;
 std::string g_step_filter;
+std::string g_mutant_filter;
 int g_max_len = 0;
 }  // namespace
 
@@ -37,6 +38,8 @@ std::uint64_t fresh_seed() {
 const char* step_filter() { return g_step_filter.c_str(); }
 void set_step_filter(const char* filter) { g_step_filter = filter; }
 int max_len() { return g_max_len; }
+const char* mutant_filter() { return g_mutant_filter.c_str(); }
+void set_mutant_filter(const char* name) { g_mutant_filter = name; }
 void set_max_len(int n) { g_max_len = n; }
 
 }  // namespace fa::test

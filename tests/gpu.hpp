@@ -34,6 +34,10 @@ void set_step_filter(const char* filter);
 int max_len();
 void set_max_len(int n);
 
+/// --mutant NAME: the mutant the hidden "[mutant-run]" case runs.
+const char* mutant_filter();
+void set_mutant_filter(const char* name);
+
 }  // namespace fa::test
 
 /// First line of every [gpu] test case.

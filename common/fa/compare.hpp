@@ -25,16 +25,45 @@ struct ErrorStats {
 struct Tolerance {
   double rel_l2;   ///< largest relative L2 error allowed
   double max_abs;  ///< largest absolute error of one element allowed
+  double row_rel;  ///< largest relative L2 error of any one output row (d elements)
 };
 
-/// The tolerances, written once. f32: float accumulation of O(1000) terms
-/// stays near 1e-6 relative; 1e-5 leaves room without hiding bugs (a wrong
-/// mask or scale gives errors of order 1e-1). f16: the output alone is rounded
-/// to 11 bits (relative 2^-11 = 4.9e-4 per element), so 2e-3 relative L2.
-/// bf16: 8 significant bits, output rounding 2^-8 = 3.9e-3 relative per element
-/// (and tensor-core steps round P to bf16 too), so f16's bounds times 2^3 for
-/// the three bits bf16 lacks: 1.6e-2 relative L2, 3.2e-2 max abs.
-Tolerance tolerance_for(DType dtype);
+/// The tolerances, written once.
+///
+/// Base (inputs of order 1, scores within a few units): f32: float accumulation of O(1000) terms
+/// stays near 1e-6 relative; 1e-5 leaves room without hiding bugs (a wrong mask or scale gives
+/// errors of order 1e-1). f16: the output alone is rounded to 11 bits (relative 2^-11 = 4.9e-4 per
+/// element), so 2e-3 relative L2. bf16: 8 significant bits, output rounding 2^-8 = 3.9e-3 relative
+/// per element (and tensor-core steps round P to bf16 too), so f16's bounds times 2^3 for the three
+/// bits bf16 lacks: 1.6e-2 relative L2, 3.2e-2 max abs.
+///
+/// Per row: one row is d elements, so its relative error scatters around the whole output's; twice
+/// the whole-output bound still sits far below what a wrong row gives (order 1e-1 to 1).
+///
+/// Large scores (max_abs_score, the largest |scale q.k| of the problem): every step forms S in float
+/// and P = exp(S - m), so S and m each carry about one float rounding at their magnitude, 2^-24 |S|
+/// relative to 1 in the exponent: P moves by up to 2 * 2^-24 * max|S| relatively, and the weighted
+/// average O by up to twice that. Both bounds get 8 * 2^-24 * max|S| added: nothing at |S| ~ 3,
+/// 5e-5 at logits of standard deviation 30, 5e-4 with an offset of +1000 on every score.
+Tolerance tolerance_for(DType dtype, double max_abs_score = 0);
+
+/// What the harness concluded about one output: the errors, the bounds, and the first check that
+/// failed, in the order they are made: non-finite outputs, relative L2, worst row, max abs.
+struct Verdict {
+  ErrorStats global;                ///< errors over the whole output
+  double worst_row_rel = 0;         ///< largest relative L2 error of one row
+  std::int64_t worst_row = -1;      ///< that row's index (b, i, h flattened), -1 if none
+  Tolerance tolerance{};            ///< the bounds applied
+  std::string failed;               ///< "" when every check passed; else the first failing check
+  /// True when every check passed.
+  bool passed() const { return failed.empty(); }
+  /// "failed: <check> (<numbers>)" or "passed (<numbers>)", for messages and tables.
+  std::string describe() const;
+};
+
+/// Compares out with ref row by row (rows of row_length elements) and against tolerance_for(dtype,
+/// max_abs_score). Rows with a zero reference norm are judged by their absolute error.
+Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score = 0);
 
 /// Compares out (any dtype) with ref element by element.
 ErrorStats compare(const HostTensor& out, const std::vector<double>& ref);

@@ -1,0 +1,171 @@
+#include "harness.hpp"
+
+#include "reference.hpp"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+namespace fa::test {
+namespace {
+
+/// A problem of the given sizes (scale: 0 means the default 1/sqrt(d)).
+AttentionProblem problem(int batch, int q_len, int kv_len, int q_heads, int kv_heads, int head_dim, float scale = 0) {
+  AttentionProblem p;
+  p.batch = batch, p.q_len = q_len, p.kv_len = kv_len, p.q_heads = q_heads, p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  if (scale != 0) p.scale = scale;
+  return p;
+}
+
+/// Every dtype in `dtypes`, causal off and on (or off only), of one case.
+void add(std::vector<Case>& out, const std::string& name, AttentionProblem p, InputKind kind,
+         const std::vector<DType>& dtypes, bool both_masks, int max_len) {
+  if (max_len > 0 && (p.q_len > max_len || p.kv_len > max_len)) return;
+  for (DType dtype : dtypes)
+    for (bool causal : {false, true}) {
+      if (causal && !both_masks) continue;
+      p.dtype = dtype, p.causal = causal;
+      out.push_back({name, p, kind});
+    }
+}
+
+/// Index of element (b, s, head, c) of a [batch, seq, heads, d] tensor.
+std::int64_t at(const AttentionProblem& p, int b, int s, int len, int heads, int head, int c) {
+  return ((std::int64_t(b) * len + s) * heads + head) * p.head_dim + c;
+}
+
+}  // namespace
+
+std::string Case::describe() const { return name + ": " + problem.describe(); }
+
+std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len) {
+  std::vector<Case> out;
+  auto shape = [&](const char* name, AttentionProblem p) { add(out, name, p, InputKind::uniform, dtypes, true, max_len); };
+  shape("the smallest problem", problem(1, 1, 1, 1, 1, 64));
+  shape("shorter than any tile", problem(2, 7, 7, 2, 2, 64));
+  shape("GQA 8/2, a length no tile divides", problem(1, 100, 100, 8, 2, 64));
+  shape("MQA 8/1, many tiles", problem(1, 1000, 1000, 8, 1, 64));
+  shape("q_len > kv_len", problem(2, 100, 37, 4, 4, 64));
+  shape("q_len < kv_len", problem(1, 33, 257, 4, 2, 64));
+  shape("a single key", problem(1, 50, 1, 2, 1, 64));
+  shape("custom scale, batch 3", problem(3, 129, 65, 2, 1, 64, 0.3f));
+  for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
+    if (d == 64) continue;
+    shape("another head_dim", problem(2, 77, 77, 4, 2, d));
+    shape("another head_dim, MQA, q_len > kv_len", problem(1, 300, 129, 8, 1, d));
+  }
+  // Only the head_dims asked for (the table above is written at d = 64).
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [&](const Case& c) {
+                             return std::find(head_dims.begin(), head_dims.end(), c.problem.head_dim) ==
+                                    head_dims.end();
+                           }),
+            out.end());
+  return out;
+}
+
+std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len) {
+  std::vector<Case> out;
+  if (head_dims.empty()) return out;
+  const int d = std::find(head_dims.begin(), head_dims.end(), 64) != head_dims.end() ? 64 : head_dims.front();
+  auto stress = [&](const char* name, AttentionProblem p, InputKind kind, bool both_masks = true) {
+    add(out, name, p, kind, dtypes, both_masks, max_len);
+  };
+  stress("logits of standard deviation 10", problem(2, 300, 300, 4, 2, d), InputKind::wide_10);
+  stress("logits of standard deviation 30", problem(2, 300, 300, 4, 2, d), InputKind::wide_30);
+  stress("+1000 on every score of a row (softmax is shift-invariant)", problem(2, 200, 203, 4, 2, d),
+         InputKind::offset_1000);
+  stress("scale = 0: the mean of V's visible rows", problem(2, 100, 131, 4, 2, d, 0), InputKind::zero_scale);
+  stress("one key dominates: its V row is the output", problem(2, 100, 131, 4, 2, d), InputKind::dominant_key);
+  // Long sequences, asserted. Under top-left causal masking a row i sees i + 1 keys, so a long key
+  // sequence with few query rows is tested without the mask, and the mask on a long square.
+  stress("kv_len = 16411", problem(1, 130, 16411, 2, 1, d), InputKind::uniform, false);
+  stress("decode: q_len = 1 over 16411 keys", problem(2, 1, 16411, 4, 2, d), InputKind::uniform, false);
+  for (DType dtype : dtypes) {  // the causal square, once per dtype
+    AttentionProblem p = problem(1, 4099, 4099, 2, 1, d);
+    p.causal = true, p.dtype = dtype;
+    if (max_len <= 0 || max_len >= 4099) out.push_back({"causal, 4099 x 4099", p, InputKind::uniform});
+  }
+  return out;
+}
+
+std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& cases) {
+  std::vector<Case> out;
+  for (const Case& c : cases)
+    if (step.supports(c.problem.dtype) && step.supports_head_dim(c.problem.head_dim)) out.push_back(c);
+  return out;
+}
+
+Prepared prepare(const Case& c, std::uint64_t seed) {
+  Prepared prep;
+  prep.seed = seed;
+  AttentionProblem p = c.problem;
+  if (c.kind == InputKind::zero_scale) p.scale = 0.f;
+  const double q_range = c.kind == InputKind::wide_10 ? 30.0 : c.kind == InputKind::wide_30 ? 90.0 : 1.0;
+  prep.inputs = random_inputs(p, seed, q_range);
+  AttentionInputs& in = prep.inputs;
+  const int d = p.head_dim, g = p.group_size();
+
+  if (c.kind == InputKind::offset_1000) {
+    // The last dimension adds q * k = 1024 * 8 = 8192 to every score of every row (times the scale):
+    // a row-constant shift, exact in every dtype. The other dimensions keep their random values.
+    for (int b = 0; b < p.batch; ++b) {
+      for (int i = 0; i < p.q_len; ++i)
+        for (int h = 0; h < p.q_heads; ++h) in.q.set(at(p, b, i, p.q_len, p.q_heads, h, d - 1), 1024.0);
+      for (int j = 0; j < p.kv_len; ++j)
+        for (int h = 0; h < p.kv_heads; ++h) in.k.set(at(p, b, j, p.kv_len, p.kv_heads, h, d - 1), 8.0);
+    }
+  }
+  if (c.kind == InputKind::dominant_key) {
+    // Every query row of KV group (b, kv_h) is the same vector u; key 0 of that group is 16 u, exact
+    // in every dtype. Its score, scale * 16 |u|^2 ~ 16 sqrt(d) / 3, beats every other (of order 1) by
+    // about 40 at d = 64: the other keys together weigh less than 1e-13.
+    for (int b = 0; b < p.batch; ++b)
+      for (int kvh = 0; kvh < p.kv_heads; ++kvh)
+        for (int c2 = 0; c2 < d; ++c2) {
+          const double u = in.q.get(at(p, b, 0, p.q_len, p.q_heads, kvh * g, c2));
+          for (int i = 0; i < p.q_len; ++i)
+            for (int h = kvh * g; h < (kvh + 1) * g; ++h) in.q.set(at(p, b, i, p.q_len, p.q_heads, h, c2), u);
+          in.k.set(at(p, b, 0, p.kv_len, p.kv_heads, kvh, c2), 16 * u);
+        }
+  }
+
+  const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
+  prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score);
+  if (c.kind == InputKind::zero_scale || c.kind == InputKind::dominant_key) {
+    // The exact answer, independent of the reference: the mean of V's visible rows, or V's row 0.
+    for (int b = 0; b < p.batch; ++b)
+      for (int i = 0; i < p.q_len; ++i)
+        for (int h = 0; h < p.q_heads; ++h) {
+          const int kvh = h / g;
+          const int keys = p.causal ? std::min(i + 1, p.kv_len) : p.kv_len;
+          for (int c2 = 0; c2 < d; ++c2) {
+            double value = 0;
+            if (c.kind == InputKind::dominant_key) {
+              value = v[at(p, b, 0, p.kv_len, p.kv_heads, kvh, c2)];
+            } else {
+              for (int j = 0; j < keys; ++j) value += v[at(p, b, j, p.kv_len, p.kv_heads, kvh, c2)];
+              value /= keys;
+            }
+            prep.expected[at(p, b, i, p.q_len, p.q_heads, h, c2)] = value;
+          }
+        }
+  }
+  return prep;
+}
+
+Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared) {
+  AttentionProblem p = c.problem;
+  if (c.kind == InputKind::zero_scale) p.scale = 0.f;
+  try {
+    const HostTensor out = run_step(step, p, prepared.inputs);
+    return judge(out, prepared.expected, p.head_dim, prepared.max_abs_score);
+  } catch (const InvalidProblem& e) {
+    Verdict v;
+    v.failed = std::string("threw: ") + e.what();
+    return v;
+  }
+}
+
+}  // namespace fa::test

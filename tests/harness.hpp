@@ -1,0 +1,64 @@
+/// @file harness.hpp
+/// @brief The cases every implementation must pass, and how one is judged: the steps' GPU tests, the
+/// mutation suite and the exercise grader all run through here.
+#pragma once
+
+#include "fa/compare.hpp"
+#include "fa/registry.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fa::test {
+
+/// How a case's inputs are drawn.
+enum class InputKind {
+  uniform,       ///< Q, K, V uniform in [-1, 1): scores within a few units
+  wide_10,       ///< Q uniform in [-30, 30): scores of standard deviation about 10
+  wide_30,       ///< Q uniform in [-90, 90): scores of standard deviation about 30 (exp(S) overflows float)
+  offset_1000,   ///< every score of a row shifted by the same 8192 * scale (about +1000 at d = 64)
+  zero_scale,    ///< scale = 0: every visible key weighs the same, O is the mean of V's visible rows
+  dominant_key,  ///< key 0 outscores every other by about 40: O is V's row 0, exactly
+};
+
+/// One case of the harness: a problem and how its inputs are made.
+struct Case {
+  std::string name;          ///< what the case tests, e.g. "GQA 8/2, lengths no tile divides"
+  AttentionProblem problem;  ///< shapes, dtype, mask, scale
+  InputKind kind = InputKind::uniform;  ///< how the inputs are drawn
+  /// "name: B=.. Nq=.. ... f16 causal", for messages and tables.
+  std::string describe() const;
+};
+
+/// The shape table: lengths 1, 7, 100 and 1000, lengths no tile size divides, q_len != kv_len both
+/// ways, GQA 8/2 and MQA 8/1, a custom scale, batch 3; at head_dim 64 and two shapes at every other
+/// head_dim in `head_dims`; each for every dtype in `dtypes`, causal off and on. Shapes longer than
+/// max_len (> 0) are left out (sanitizer runs).
+std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
+
+/// Inputs that stress the numerics, at one head_dim (64 where the step takes it): logits of standard
+/// deviation 10 and 30, +1000 on every score, scale = 0, one dominant key, kv_len = 16411 and decode
+/// (q_len = 1) over it, and a causal 4099 x 4099; each for every dtype in `dtypes`.
+/// Top-left causal masking leaves every row at least key 0, so no row is fully masked.
+std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
+
+/// The cases `step` supports out of `cases`.
+std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& cases);
+
+/// A case made ready to run: its inputs (fresh for every seed) and the output it must give.
+struct Prepared {
+  AttentionInputs inputs;         ///< Q, K, V
+  std::vector<double> expected;   ///< the float64 reference, or the exact answer where one is known
+  double max_abs_score = 0;       ///< largest |scale q.k|: the tolerances grow with it
+  std::uint64_t seed = 0;         ///< the seed the inputs came from
+};
+
+/// Draws the case's inputs from `seed` and computes what the output must be.
+Prepared prepare(const Case& c, std::uint64_t seed);
+
+/// Runs `step` on the prepared case (output poisoned with NaN first) and judges every element.
+/// A launcher that throws fails with check "threw: <message>".
+Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared);
+
+}  // namespace fa::test

@@ -1,0 +1,73 @@
+// CPU tests of the harness (harness.hpp): the exact answers it expects are right, the offset case
+// really is a row-constant shift, and its judge fails one wrong row among many.
+#include "harness.hpp"
+#include "reference.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+using namespace fa;
+
+namespace {
+/// The first stress case of `kind` at f32 (or f16 where asked).
+test::Case stress_case(test::InputKind kind, DType dtype = DType::f32, bool causal = false) {
+  for (const test::Case& c : test::stress_cases({dtype}, {64}))
+    if (c.kind == kind && c.problem.causal == causal) return c;
+  FAIL("no such stress case");
+  return {};
+}
+}  // namespace
+
+TEST_CASE("the harness's exact answers agree with the float64 reference", "[cpu][harness]") {
+  for (auto kind : {test::InputKind::zero_scale, test::InputKind::dominant_key})
+    for (bool causal : {false, true}) {
+      const test::Case c = stress_case(kind, DType::f32, causal);
+      INFO(c.describe());
+      const test::Prepared prep = test::prepare(c, 7);
+      AttentionProblem p = c.problem;
+      if (kind == test::InputKind::zero_scale) p.scale = 0.f;
+      const std::vector<double> ref =
+          reference_attention(p, prep.inputs.q.to_double(), prep.inputs.k.to_double(), prep.inputs.v.to_double());
+      double worst = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - prep.expected[i]));
+      CHECK(worst < 1e-12);
+    }
+}
+
+TEST_CASE("+1000 on every score of a row does not move the softmax", "[cpu][harness]") {
+  const test::Case c = stress_case(test::InputKind::offset_1000);
+  const test::Prepared prep = test::prepare(c, 11);
+  CHECK(prep.max_abs_score > 900);
+  // The same inputs without the shared last dimension: the scores without the shift.
+  AttentionInputs plain = prep.inputs;
+  const AttentionProblem& p = c.problem;
+  for (std::int64_t e = p.head_dim - 1; e < plain.q.numel(); e += p.head_dim) plain.q.set(e, 0.0);
+  const std::vector<double> unshifted =
+      reference_attention(p, plain.q.to_double(), plain.k.to_double(), plain.v.to_double());
+  double worst = 0;
+  for (std::size_t i = 0; i < unshifted.size(); ++i) worst = std::max(worst, std::abs(unshifted[i] - prep.expected[i]));
+  CHECK(worst < 1e-9);
+}
+
+TEST_CASE("the judge fails one wrong row that the whole-output error hides", "[cpu][harness]") {
+  // 2000 rows of bf16 output, exactly the reference rounded; then one row 10 % off.
+  AttentionProblem p;
+  p.batch = 1, p.q_len = 500, p.kv_len = 1, p.q_heads = 4, p.kv_heads = 4, p.head_dim = 32, p.dtype = DType::bf16;
+  const HostTensor values = random_tensor(DType::bf16, q_shape(p), 5);
+  const std::vector<double> ref = values.to_double();
+  HostTensor out = values;
+  CHECK(judge(out, ref, p.head_dim).passed());
+  for (int c = 0; c < p.head_dim; ++c) out.set(777 * p.head_dim + c, ref[777 * p.head_dim + c] * 1.1);
+  const Verdict verdict = judge(out, ref, p.head_dim);
+  INFO(verdict.describe());
+  CHECK(verdict.global.rel_l2 < verdict.tolerance.rel_l2);  // the whole output hides it...
+  CHECK_THAT(verdict.failed, Catch::Matchers::Contains("row 777"));  // ...its row does not
+}
+
+TEST_CASE("the bounds widen with the size of the scores, as derived", "[cpu][harness]") {
+  const Tolerance plain = tolerance_for(DType::f32), wide = tolerance_for(DType::f32, 1024);
+  CHECK(plain.rel_l2 == 1e-5);
+  CHECK(plain.row_rel == 2e-5);
+  CHECK(wide.rel_l2 == Approx(1e-5 + 8 * 1024 * std::ldexp(1.0, -24)));
+}

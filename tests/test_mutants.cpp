@@ -1,0 +1,76 @@
+// The harness as a grader: every known-wrong kernel (tests/mutants/) must fail it. Each mutant runs
+// through the same cases as the steps, in the same order (the shape table, then the stress cases),
+// until one fails; the table printed at the end names each mutant and the check that caught it.
+// Mutants that write out of bounds are not run here (a fault would end the process): they run under
+// compute-sanitizer, one process each ("[mutant-run]", registered by tests/CMakeLists.txt).
+#include "gpu.hpp"
+#include "harness.hpp"
+#include "mutants.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <map>
+
+using namespace fa;
+
+TEST_CASE("every known-wrong kernel fails the harness", "[gpu][mutants]") {
+  FA_REQUIRE_GPU();
+  const std::vector<DType> dtypes(kAllDTypes, kAllDTypes + 3);
+  const std::vector<int> head_dims = {32, 64, 128};
+  std::vector<test::Case> cases = test::shape_cases(dtypes, head_dims, test::max_len());
+  for (const test::Case& c : test::stress_cases(dtypes, head_dims, test::max_len())) cases.push_back(c);
+
+  // Each case's inputs and expected output, made once and shared by the mutants that reach it.
+  const std::uint64_t seed = test::fresh_seed();
+  std::map<std::size_t, test::Prepared> prepared;
+  auto prepare = [&](std::size_t i) -> const test::Prepared& {
+    auto it = prepared.find(i);
+    if (it == prepared.end()) it = prepared.emplace(i, test::prepare(cases[i], seed + i)).first;
+    return it->second;
+  };
+
+  std::printf("\n%-26s %-5s %-10s %s\n", "mutant", "step", "caught by", "first failing case and check");
+  for (const test::Mutant& mutant : test::all_mutants()) {
+    INFO("mutant " << mutant.name << " (step " << mutant.step << "): " << mutant.mistake << "; seed=" << seed);
+    if (mutant.caught_by == "memcheck") {
+      std::printf("%-26s %-5s %-10s not run in-process (writes out of bounds): see mutants/memcheck\n",
+                  mutant.name.c_str(), mutant.step.c_str(), "memcheck");
+      continue;
+    }
+    const StepInfo step = mutant.as_step();
+    std::string caught = "nothing: PASSES THE HARNESS";
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      if (!step.supports(cases[i].problem.dtype) || !step.supports_head_dim(cases[i].problem.head_dim)) continue;
+      const Verdict verdict = test::run_case(step, cases[i], prepare(i));
+      if (!verdict.passed()) {
+        caught = cases[i].describe() + " -> " + verdict.failed;
+        break;
+      }
+    }
+    const bool by_harness = caught.rfind("nothing", 0) != 0;
+    std::printf("%-26s %-5s %-10s %s\n", mutant.name.c_str(), mutant.step.c_str(),
+                by_harness ? "harness" : mutant.caught_by.c_str(), caught.c_str());
+    INFO("first failing case: " << caught);
+    if (mutant.caught_by == "harness") CHECK(by_harness);
+  }
+  std::fflush(stdout);
+}
+
+TEST_CASE("run one mutant on a small problem, for a sanitizer to watch", "[.][mutant-run]") {
+  // compute-sanitizer --tool racecheck|memcheck fa_tests "[mutant-run]" --mutant NAME: the sanitizer,
+  // not this case, decides (the output is not checked: a racy or out-of-bounds kernel may still
+  // happen to produce the right numbers).
+  FA_REQUIRE_GPU();
+  const std::string name = test::mutant_filter();
+  const test::Mutant* mutant = nullptr;
+  for (const test::Mutant& m : test::all_mutants())
+    if (m.name == name) mutant = &m;
+  INFO("--mutant " << name);
+  REQUIRE(mutant != nullptr);
+  AttentionProblem p;
+  p.batch = 1, p.q_len = 7, p.kv_len = 100, p.q_heads = 2, p.kv_heads = 1;
+  p.head_dim = mutant->launcher.head_dims.front(), p.dtype = mutant->launcher.dtypes.front();
+  const HostTensor out = run_step(mutant->as_step(), p, random_inputs(p, test::fresh_seed()));
+  CHECK(out.numel() == p.q_elements());
+}

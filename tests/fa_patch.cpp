@@ -1,13 +1,25 @@
-// fa-patch: makes the harness's known-wrong kernels (tests/mutants/*.mutant) from the steps' own
-// source at build time, so that a mutant can never drift from the step it breaks: every text it
-// replaces must occur in the step exactly once, or the build stops and says which.
+// fa-patch: makes code from the steps' own source at build time, so that it can never drift from
+// the step: every text it cuts or replaces must occur in the step exactly once, or the build stops
+// and says which. Two kinds of file come out of it:
+//  - the harness's known-wrong kernels (tests/mutants/*.mutant), each a step with one mistake;
+//  - the exercises (exercises/NN_name/exercise.spec), each a step with its lesson lines cut out and
+//    replaced by numbered TODO holes with a hint and a stub that compiles (but is wrong).
 //
-//   fa-patch mutant SPEC STEPS_DIR OUT.cu     the step file SPEC names, with SPEC's replacements and
-//                                             its namespace renamed to fa::mutants::<spec name>
+//   fa-patch mutant SPEC STEPS_DIR OUT.cu     the step file SPEC names, with SPEC's replacements, in
+//                                             namespace fa::stepNN::mutant_<spec name> (nested, so the
+//                                             step's unqualified names still resolve)
 //   fa-patch mutant-list OUT.cpp SPEC...      the C++ table of every mutant (tests/mutants.hpp)
+//   fa-patch skeleton SPEC STEPS_DIR OUT.cu ENTRY.cpp
+//                                             the exercise skeleton, and the grader's entry point
+//   fa-patch fill SPEC SKELETON.cu OUT.cu [--as-exercise]
+//                                             the skeleton with every hole filled with the step's lines
+//                                             and the step's namespace back: the step file itself (or,
+//                                             --as-exercise, a completed exercise a student could hand in)
 //
-// A spec is a few "key: value" lines (step, export, caught-by, mistake), then pairs of blocks
-// "--- find" / "--- replace", each block the exact lines to find and what replaces them.
+// A mutant spec is a few "key: value" lines (step, export, caught-by, mistake), then pairs of blocks
+// "--- find" / "--- replace", each block the exact lines to find and what replaces them. An exercise
+// spec has "key: value" lines (step, export, title, minutes), then per hole a block
+// "--- hole N: <hint>" (the step's exact lesson lines) and a block "--- stub" (what the skeleton has).
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -49,34 +61,55 @@ void replace_once(std::string& text, const std::string& find, const std::string&
   text.replace(first, find.size(), replace);
 }
 
-/// A parsed mutant spec.
-struct Spec {
-  std::string name;                                         ///< the file's stem
-  std::map<std::string, std::string> fields;                ///< step, export, caught-by, mistake
-  std::vector<std::pair<std::string, std::string>> edits;   ///< (find, replace)
+/// One cut or replacement: the step's exact lines, what goes in their place, and (exercises) a hint.
+struct Edit {
+  std::string find;     ///< the step's lines (a hole's lesson lines)
+  std::string replace;  ///< what replaces them (a hole's stub)
+  std::string hint;     ///< exercises: what the hole asks for
 };
 
-Spec parse_spec(const fs::path& path) {
+/// A parsed spec (mutant or exercise).
+struct Spec {
+  std::string name;                           ///< the file's stem, or the exercise folder's name
+  std::map<std::string, std::string> fields;  ///< step, export, caught-by, mistake / title, minutes
+  std::vector<Edit> edits;                    ///< in file order
+};
+
+Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) {
   Spec spec;
   spec.name = path.stem().string();
   std::istringstream in(read_file(path));
   std::string line, *block = nullptr;
   while (std::getline(in, line)) {
-    if (line == "--- find") {
+    if (line == "--- find" || line.rfind("--- hole ", 0) == 0) {
       spec.edits.emplace_back();
-      block = &spec.edits.back().first;
-    } else if (line == "--- replace") {
-      if (spec.edits.empty()) throw std::runtime_error(path.string() + ": '--- replace' before any '--- find'");
-      block = &spec.edits.back().second;
+      block = &spec.edits.back().find;
+      if (const auto colon = line.find(": "); line[4] == 'h' && colon != std::string::npos)
+        spec.edits.back().hint = line.substr(colon + 2);
+      if (line[4] == 'h' && line.substr(9, line.find(':') - 9) != std::to_string(spec.edits.size()))
+        throw std::runtime_error(path.string() + ": holes must be numbered 1, 2, ... in order: " + line);
+    } else if (line == "--- replace" || line == "--- stub") {
+      if (spec.edits.empty()) throw std::runtime_error(path.string() + ": '" + line + "' before its '--- find'");
+      block = &spec.edits.back().replace;
     } else if (block) {
       *block += line + "\n";
     } else if (const auto colon = line.find(": "); colon != std::string::npos) {
       spec.fields[line.substr(0, colon)] = line.substr(colon + 2);
     }
   }
-  for (const char* key : {"step", "export", "caught-by", "mistake"})
+  for (const char* key : required)
     if (!spec.fields.count(key)) throw std::runtime_error(path.string() + ": no '" + key + ":' line");
-  if (spec.edits.empty()) throw std::runtime_error(path.string() + ": no '--- find' block");
+  if (spec.edits.empty()) throw std::runtime_error(path.string() + ": no '--- find' or '--- hole' block");
+  return spec;
+}
+
+Spec parse_mutant(const fs::path& path) { return parse_spec(path, {"step", "export", "caught-by", "mistake"}); }
+
+Spec parse_exercise(const fs::path& path) {
+  Spec spec = parse_spec(path, {"step", "export", "title", "minutes"});
+  spec.name = path.parent_path().filename().string();
+  for (const Edit& e : spec.edits)
+    if (e.hint.empty()) throw std::runtime_error(path.string() + ": every hole needs a hint after its number");
   return spec;
 }
 
@@ -94,13 +127,13 @@ std::string literal(const std::string& text) {
 }
 
 int make_mutant(const fs::path& spec_path, const fs::path& steps_dir, const fs::path& out) {
-  const Spec spec = parse_spec(spec_path);
+  const Spec spec = parse_mutant(spec_path);
   std::string text = read_file(steps_dir / spec.fields.at("step"));
   const std::string what = "mutant " + spec.name + " (" + spec_path.string() + ")";
-  for (const auto& [find, replace] : spec.edits) replace_once(text, find, replace, what);
+  for (const Edit& e : spec.edits) replace_once(text, e.find, e.replace, what);
   const std::string ns = "namespace fa::step" + step_id(spec);
-  replace_once(text, ns + " {", "namespace fa::mutants::" + spec.name + " {", what);
-  replace_once(text, "}  // " + ns + "\n", "}  // namespace fa::mutants::" + spec.name + "\n", what);
+  replace_once(text, ns + " {", ns + "::mutant_" + spec.name + " {", what);
+  replace_once(text, "}  // " + ns + "\n", "}  // " + ns + "::mutant_" + spec.name + "\n", what);
   write_file(out, "// Generated by fa-patch from " + spec_path.filename().string() + " and steps/" +
                       spec.fields.at("step") + ": a deliberately wrong kernel. Do not edit.\n" + text);
   return 0;
@@ -111,16 +144,106 @@ int make_list(const fs::path& out, const std::vector<fs::path>& spec_paths) {
   code << "// Generated by fa-patch from tests/mutants/*.mutant. Do not edit.\n"
           "#include \"mutants.hpp\"\n\nnamespace fa {\n";
   std::vector<Spec> specs;
-  for (const auto& path : spec_paths) specs.push_back(parse_spec(path));
+  for (const auto& path : spec_paths) specs.push_back(parse_mutant(path));
   for (const Spec& s : specs)
-    code << "namespace mutants::" << s.name << " { Launcher " << s.fields.at("export") << "(); }\n";
+    code << "namespace step" << step_id(s) << "::mutant_" << s.name << " { Launcher " << s.fields.at("export")
+         << "(); }\n";
   code << "\nnamespace test {\n\nconst std::vector<Mutant>& all_mutants() {\n  static const std::vector<Mutant> list = {\n";
   for (const Spec& s : specs)
     code << "      {" << literal(s.name) << ", " << literal(step_id(s)) << ", " << literal(s.fields.at("caught-by"))
-         << ", " << literal(s.fields.at("mistake")) << ", mutants::" << s.name << "::" << s.fields.at("export")
+         << ", " << literal(s.fields.at("mistake")) << ", step" << step_id(s) << "::mutant_" << s.name << "::"
+         << s.fields.at("export")
          << "()},\n";
   code << "  };\n  return list;\n}\n\n}  // namespace test\n}  // namespace fa\n";
   write_file(out, code.str());
+  return 0;
+}
+
+/// The indentation of the first line of `code` that is not a #pragma (the hole's indentation).
+std::string indentation(const std::string& code) {
+  std::istringstream lines(code);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("#", 0) != 0) return line.substr(0, line.find_first_not_of(' '));
+  return "  ";
+}
+
+/// The comment that opens hole n in a skeleton: "// TODO(n): <hint>", wrapped at 100 columns.
+std::string hole_begin(std::size_t n, const Edit& edit) {
+  const std::string indent = indentation(edit.find), first = indent + "// TODO(" + std::to_string(n) + "): ";
+  const std::string next = indent + "//" + std::string(first.size() - indent.size() - 2, ' ');
+  std::string out = first, line = first;
+  std::istringstream words(edit.hint);
+  for (std::string word; words >> word;) {
+    if (line.size() + word.size() > 100 && line.size() > first.size()) {
+      out.back() = '\n';
+      out += next;
+      line = next;
+    }
+    out += word + " ";
+    line += word + " ";
+  }
+  out.back() = '\n';
+  return out;
+}
+/// The comment that closes a hole.
+std::string hole_end(const Edit& edit) { return indentation(edit.find) + "// (end of TODO)\n"; }
+const std::string kSkeletonHeader =
+    "// EXERCISE (generated by fa-patch from the step below and its exercise.spec): fill every TODO.\n"
+    "// Each TODO(n) comment says what the lines up to '(end of TODO)' must do; the stub lines there\n"
+    "// compile but give wrong answers. Grade with: bench/exercise grade NN\n";
+
+int make_skeleton(const fs::path& spec_path, const fs::path& steps_dir, const fs::path& out, const fs::path& entry) {
+  const Spec spec = parse_exercise(spec_path);
+  std::string text = read_file(steps_dir / spec.fields.at("step"));
+  const std::string what = "exercise " + spec.name + " (" + spec_path.string() + ")";
+  for (std::size_t n = 0; n < spec.edits.size(); ++n) {
+    const Edit& e = spec.edits[n];
+    replace_once(text, e.find, hole_begin(n + 1, e) + e.replace + hole_end(e), what);
+  }
+  const std::string ns = "namespace fa::step" + spec.name.substr(0, 2);
+  replace_once(text, ns + " {", ns + "::exercise {", what);
+  replace_once(text, "}  // " + ns + "\n", "}  // " + ns + "::exercise\n", what);
+  write_file(out, kSkeletonHeader + text);
+  // The grader's entry point: which step, and the launchers the exercise exports.
+  std::ostringstream code;
+  code << "// Generated by fa-patch from " << spec_path.filename().string() << ". Do not edit.\n"
+       << "#include \"grader.hpp\"\n\nnamespace fa {\nnamespace step" << spec.name.substr(0, 2) << "::exercise {";
+  std::vector<std::string> exports;
+  std::stringstream list(spec.fields.at("export"));
+  for (std::string name; std::getline(list, name, ',');) {
+    name.erase(0, name.find_first_not_of(' '));
+    exports.push_back(name);
+    code << " Launcher " << name << "();";
+  }
+  code << " }\n\nnamespace test {\nExercise exercise() {\n  return {" << literal(spec.name.substr(0, 2)) << ", "
+       << literal(spec.name) << ", " << literal(spec.fields.at("title")) << ", " << spec.fields.at("minutes") << ", {";
+  for (const auto& name : exports)
+    code << "{" << literal(name) << ", step" << spec.name.substr(0, 2) << "::exercise::" << name << "()}, ";
+  code << "}};\n}\n}  // namespace test\n}  // namespace fa\n";
+  write_file(entry, code.str());
+  return 0;
+}
+
+int fill_holes(const fs::path& spec_path, const fs::path& skeleton, const fs::path& out, bool as_exercise) {
+  const Spec spec = parse_exercise(spec_path);
+  std::string text = read_file(skeleton);
+  const std::string what = "filling " + skeleton.string();
+  if (!as_exercise) replace_once(text, kSkeletonHeader, "", what);
+  for (std::size_t n = 0; n < spec.edits.size(); ++n) {
+    // Everything from the TODO(n) line to its end marker, whatever the student wrote in between.
+    const std::string begin = hole_begin(n + 1, spec.edits[n]), end = hole_end(spec.edits[n]);
+    const auto first = text.find(begin);
+    if (first == std::string::npos) throw std::runtime_error(what + ": no TODO(" + std::to_string(n + 1) + ") comment");
+    const auto last = text.find(end, first);
+    if (last == std::string::npos) throw std::runtime_error(what + ": TODO(" + std::to_string(n + 1) + ") has no end");
+    text.replace(first, last + end.size() - first, spec.edits[n].find);
+  }
+  const std::string ns = "namespace fa::step" + spec.name.substr(0, 2);
+  if (!as_exercise) {
+    replace_once(text, ns + "::exercise {", ns + " {", what);
+    replace_once(text, "}  // " + ns + "::exercise\n", "}  // " + ns + "\n", what);
+  }
+  write_file(out, text);
   return 0;
 }
 
@@ -132,7 +255,11 @@ int main(int argc, char** argv) {
     if (args.size() == 4 && args[0] == "mutant") return make_mutant(args[1], args[2], args[3]);
     if (args.size() >= 2 && args[0] == "mutant-list")
       return make_list(args[1], std::vector<fs::path>(args.begin() + 2, args.end()));
-    std::cerr << "usage: fa-patch mutant SPEC STEPS_DIR OUT.cu | fa-patch mutant-list OUT.cpp SPEC...\n";
+    if (args.size() == 5 && args[0] == "skeleton") return make_skeleton(args[1], args[2], args[3], args[4]);
+    if ((args.size() == 4 || (args.size() == 5 && args[4] == "--as-exercise")) && args[0] == "fill")
+      return fill_holes(args[1], args[2], args[3], args.size() == 5);
+    std::cerr << "usage: fa-patch mutant SPEC STEPS_DIR OUT.cu | mutant-list OUT.cpp SPEC... |\n"
+                 "       skeleton SPEC STEPS_DIR OUT.cu ENTRY.cpp | fill SPEC SKELETON.cu OUT.cu [--as-exercise]\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "fa-patch: " << e.what() << "\n";

@@ -1,0 +1,171 @@
+// The exercise grader (bench/exercise grade NN builds and runs it): the exercise file it was built
+// with goes through the same harness as the step (tests/harness.hpp: the shape table and the stress
+// cases, every dtype and head_dim the step takes), one line per case. When cases fail, the known-wrong
+// kernels of the mutation suite (tests/mutants/) run on the same cases, and the one that fails most
+// like the exercise is named as the likely mistake.
+//
+//   fa-grade-NN [--bench] [--no-hints] [--max-len N] [--seed N]
+//     --bench      also time the exercise against the step it comes from (teaching shape)
+//     --no-hints   do not run the mutants to name a likely mistake
+//     --max-len N  leave out cases longer than N (quick runs; the full grade has none)
+// Exit status: 0 when every case passes, 1 when one fails, 77 without a GPU, 2 on bad options.
+#include "grader.hpp"
+#include "harness.hpp"
+#include "mutants.hpp"
+
+#include "fa/device.hpp"
+#include "reference.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+
+using namespace fa;
+
+namespace {
+
+struct Options {
+  bool bench = false;
+  bool hints = true;
+  int max_len = 0;
+  std::uint64_t seed = 0;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bench") o.bench = true;
+    else if (a == "--no-hints") o.hints = false;
+    else if (a == "--max-len" && i + 1 < argc) o.max_len = std::atoi(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc) o.seed = std::strtoull(argv[++i], nullptr, 10);
+    else throw std::invalid_argument("unknown option '" + a + "' (see the top of tests/grader.cpp)");
+  }
+  if (o.seed == 0) o.seed = 0x5eed0000 + std::uint64_t(std::rand());
+  return o;
+}
+
+/// Median time of `reps` launches of `step` on problem p, in ms.
+double median_ms(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& in, int reps = 21) {
+  DeviceAttention device(p, in, step.workspace_for(p));
+  CudaEventTimer timer;
+  std::vector<double> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    timer.start();
+    step.launch(p, device.tensors(), nullptr);
+    timer.stop();
+    if (r >= 2) ms.push_back(timer.elapsed_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options options = parse(argc, argv);
+    const test::Exercise ex = test::exercise();
+    std::printf("Exercise %s: %s (about %d minutes)\n", ex.name.c_str(), ex.title.c_str(), ex.minutes);
+    if (!gpu_available()) {
+      std::printf("no CUDA device: the grader runs the exercise on a GPU (see docs/instructors.md for a hosted one)\n");
+      return 77;
+    }
+    std::printf("GPU: %s, seed %llu\n\n", gpu_name().c_str(), static_cast<unsigned long long>(options.seed));
+
+    int passed = 0, failed = 0;
+    std::vector<test::Case> signature_cases;   // the first launcher's cases, for matching mistakes
+    std::set<std::size_t> failing;             // indices into signature_cases
+    std::map<std::string, test::Prepared> prepared;  // by case, shared by the launchers and the mutants
+    auto prepare = [&](const test::Case& c, std::uint64_t seed) -> const test::Prepared& {
+      auto it = prepared.find(c.describe());
+      if (it == prepared.end()) it = prepared.emplace(c.describe(), test::prepare(c, seed)).first;
+      return it->second;
+    };
+    for (std::size_t l = 0; l < ex.launchers.size(); ++l) {
+      const auto& [export_name, launcher] = ex.launchers[l];
+      const StepInfo step{"exercise", ex.id, ex.name, export_name, launcher};
+      std::vector<test::Case> cases = test::shape_cases(launcher.dtypes, launcher.head_dims, options.max_len);
+      for (const test::Case& c : test::stress_cases(launcher.dtypes, launcher.head_dims, options.max_len))
+        cases.push_back(c);
+      if (l == 0) signature_cases = cases;
+      std::printf("== %s (%s)\n", export_name.c_str(), ex.name.c_str());
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        const Verdict v = test::run_case(step, cases[i], prepare(cases[i], options.seed + i));
+        std::printf("%s %s%s%s\n", v.passed() ? "[pass]" : "[FAIL]", cases[i].describe().c_str(),
+                    v.passed() ? "" : "\n       ", v.passed() ? "" : v.describe().c_str());
+        (v.passed() ? passed : failed) += 1;
+        if (!v.passed() && l == 0) failing.insert(i);
+      }
+    }
+    // A step whose point is accuracy (step 07) is also held to it, as the test suite holds the step.
+    for (const StepInfo* reference : select_steps(ex.id)) {
+      if (!reference->high_precision_accumulation) continue;
+      AttentionProblem p;
+      p.batch = 1, p.q_len = 64, p.kv_len = 16384, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 64;
+      const AttentionInputs in = random_inputs(p, options.seed);
+      const std::vector<double> ref = reference_attention(p, in.q.to_double(), in.k.to_double(), in.v.to_double());
+      const double float_error = compare(run_step(*select_steps("06").front(), p, in), ref).rel_l2;
+      const StepInfo mine{"exercise", ex.id, ex.name, ex.launchers.front().first, ex.launchers.front().second};
+      const double error = compare(run_step(mine, p, in), ref).rel_l2;
+      const bool ok = error <= 2e-7 && 4 * error <= float_error;
+      std::printf("%s accuracy at N = 16384: rel_l2 %.3g, needs <= 2e-7 and <= a quarter of step 06's %.3g\n",
+                  ok ? "[pass]" : "[FAIL]", error, float_error);
+      (ok ? passed : failed) += 1;
+      break;
+    }
+    std::printf("\n%d of %d cases passed\n", passed, passed + failed);
+
+    if (failed > 0 && options.hints) {
+      // The known mistakes, on the same cases: which one fails where this exercise fails?
+      std::string best;
+      double best_score = 0;
+      for (const test::Mutant& m : test::all_mutants()) {
+        if (m.caught_by == "memcheck") continue;  // writes out of bounds: only run under the sanitizer
+        const StepInfo step = m.as_step();
+        std::set<std::size_t> mutant_failing;
+        std::size_t compared = 0;
+        for (std::size_t i = 0; i < signature_cases.size(); ++i) {
+          if (!step.supports(signature_cases[i].problem.dtype) ||
+              !step.supports_head_dim(signature_cases[i].problem.head_dim))
+            continue;
+          ++compared;
+          if (!test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0)).passed())
+            mutant_failing.insert(i);
+        }
+        if (compared == 0) continue;
+        std::size_t both = 0;
+        for (std::size_t i : failing) both += mutant_failing.count(i);
+        const std::size_t either = failing.size() + mutant_failing.size() - both;
+        const double score = either ? double(both) / double(either) : 0;  // Jaccard similarity
+        if (score > best_score) best_score = score, best = m.name + ": " + m.mistake;
+      }
+      if (best_score >= 0.5)
+        std::printf("Hint: your kernel fails on the cases where a known-wrong kernel fails (similarity %.2f):\n"
+                    "      %s\n      Look there first.\n", best_score, best.c_str());
+      else
+        std::printf("No known mistake fails like this; start from the first failing case above.\n");
+    }
+
+    if (options.bench) {
+      const Launcher& launcher = ex.launchers.front().second;
+      const StepInfo mine{"exercise", ex.id, ex.name, ex.launchers.front().first, launcher};
+      for (const StepInfo* reference : select_steps(ex.id)) {
+        AttentionProblem p;
+        p.batch = 4, p.q_len = 1024, p.kv_len = 1024, p.q_heads = 8, p.kv_heads = 8;
+        p.head_dim = launcher.head_dims.front(), p.dtype = launcher.dtypes.front();
+        if (!reference->supports(p.dtype) || !reference->supports_head_dim(p.head_dim)) continue;
+        const AttentionInputs in = random_inputs(p, options.seed);
+        std::printf("\nbench (%s, median of 21): exercise %.4f ms, step %s %.4f ms\n", p.describe().c_str(),
+                    median_ms(mine, p, in), reference->label().c_str(), median_ms(*reference, p, in));
+      }
+    }
+    return failed == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fa-grade: %s\n", e.what());
+    return 2;
+  }
+}

@@ -53,7 +53,7 @@ def parse_args(argv=None):
                         help="comma-separated: " + ", ".join(SUITES) + " (default both)")
     parser.add_argument("--shape", action="append", default=[],
                         help="B,Nq,Nkv,Hq,Hkv,d instead of the suites (repeatable); suite column 'custom'")
-    parser.add_argument("--dtypes", default="f32,f16", help="comma-separated: f32, f16 (default both)")
+    parser.add_argument("--dtypes", default="f32,f16,bf16", help="comma-separated: f32, f16, bf16 (default all)")
     parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated: " + ", ".join(BACKENDS) + " (default all)")
@@ -68,7 +68,7 @@ def parse_args(argv=None):
         parser.error("--reps must be at least 15")
     if not args.dry_run and not args.csv:
         parser.error("--csv is required (or --dry-run)")
-    for name, allowed in (("dtypes", ("f32", "f16")), ("causal", ("no", "yes")), ("backends", tuple(BACKENDS))):
+    for name, allowed in (("dtypes", ("f32", "f16", "bf16")), ("causal", ("no", "yes")), ("backends", tuple(BACKENDS))):
         for value in getattr(args, name).split(","):
             if value not in allowed:
                 parser.error(f"--{name}: unknown value '{value}', expected {', '.join(allowed)}")
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as in the steps and the cuBLAS baseline
     torch.backends.cudnn.allow_tf32 = False
     gpu = torch.cuda.get_device_name()
-    dtypes = {"f32": torch.float32, "f16": torch.float16}
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     print(f"{gpu}, torch {torch.__version__}; appending to {args.csv}")
 
     with open_csv(args.csv) as f:

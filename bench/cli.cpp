@@ -1,5 +1,9 @@
 #include "cli.hpp"
 
+#include "fa/registry.hpp"
+
+#include <iomanip>
+#include <ostream>
 #include <sstream>
 
 namespace fa {
@@ -63,6 +67,43 @@ std::vector<int> Args::parse_ints(const std::string& text, std::size_t count, co
     throw std::invalid_argument(what + ": expected " + std::to_string(count) + " comma-separated values, got '" +
                                 text + "'");
   return values;
+}
+
+namespace {
+template <class Items, class Text>
+std::string join(const Items& items, Text text) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + text(item);
+  return out;
+}
+std::string dtype_list(const StepInfo& s) {
+  return join(s.dtypes, [](DType d) { return std::string(to_string(d)); });
+}
+std::string head_dim_list(const StepInfo& s) {
+  return join(s.head_dims, [](int d) { return std::to_string(d); });
+}
+}  // namespace
+
+void print_step_list(std::ostream& out) {
+  out << std::left << std::setw(14) << "step" << std::setw(15) << "dtypes" << std::setw(12) << "head_dims"
+      << std::setw(8) << "GPU" << "what it changes\n";
+  std::vector<const StepInfo*> rows;
+  for (const StepInfo& s : all_steps()) rows.push_back(&s);
+  rows.push_back(&cublas_baseline());
+  for (const StepInfo* s : rows)
+    out << std::setw(14) << s->label() << std::setw(15) << dtype_list(*s) << std::setw(12) << head_dim_list(*s)
+        << std::setw(8) << s->min_gpu() << s->summary << "\n";
+  out << "GPU: the lowest compute capability a step needs (sm_80: Ampere or newer); any: every CUDA GPU.\n"
+         "A step id selects all its variants (--steps 05); a label selects one (--step 05-pad1).\n";
+}
+
+void refuse_unsupported(const StepInfo& step, const AttentionProblem& p) {
+  if (!step.supports(p.dtype))
+    throw std::invalid_argument("step " + step.label() + " takes dtype " + dtype_list(step) + ", not " +
+                                to_string(p.dtype) + " (" + p.describe() + ")");
+  if (!step.supports_head_dim(p.head_dim))
+    throw std::invalid_argument("step " + step.label() + " takes head_dim " + head_dim_list(step) + ", not " +
+                                std::to_string(p.head_dim) + " (" + p.describe() + ")");
 }
 
 }  // namespace fa

@@ -2,6 +2,7 @@
 /// @brief The small command-line parser shared by fa-bench and fa-run.
 #pragma once
 
+#include <iosfwd>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -9,6 +10,16 @@
 #include <vector>
 
 namespace fa {
+
+struct StepInfo;
+struct AttentionProblem;
+
+/// Prints every step and variant of the registry with the dtypes, head_dims and minimum GPU it takes
+/// (fa-run --list, fa-bench --list).
+void print_step_list(std::ostream& out);
+
+/// Throws std::invalid_argument unless `step` takes p's dtype and head_dim, naming what it takes.
+void refuse_unsupported(const StepInfo& step, const AttentionProblem& p);
 
 /// "--name value" options and "--flag" switches. Unknown names are errors,
 /// so a typo never silently falls back to a default.

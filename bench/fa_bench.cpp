@@ -55,10 +55,12 @@ const char* kHelp = R"(usage: fa-bench [options]
   --sample-rows N                       output rows checked against the CPU reference (default 64)
   --seed N                              input seed (default 1)
   --no-baseline                         skip the cuBLAS baseline
+  --list                                every step and variant, with the dtypes, head_dims and GPU it needs
   --resources                           instead of timing: threads, shared memory, registers and
                                         occupancy of each selected step's kernel for every dtype and
                                         head_dim it supports (steps whose registry entry reports them);
                                         nothing is launched; CSV to --csv (default fa-bench-resources.csv)
+exit status: 0 done, 1 bad option or error, 2 no CUDA device
 )";
 
 struct Shape {
@@ -289,9 +291,13 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed"},
-                  {"help", "no-baseline", "resources"});
+                  {"help", "no-baseline", "resources", "list"});
   if (args.has("help")) {
     std::cout << kHelp;
+    return 0;
+  }
+  if (args.has("list")) {
+    print_step_list(std::cout);
     return 0;
   }
   if (args.get("suite", "") == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));

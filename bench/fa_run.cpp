@@ -26,8 +26,10 @@ using namespace fa;
 
 const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --out O.npy | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
        [--dtype f32|f16|bf16] [--causal] [--scale S] [--seed N] [--check]
+       fa-run --list     every step and variant, with the dtypes, head_dims and GPU it needs
        bf16 .npy files do not exist: bf16 tensors are written as float32, and
        float32 files with --dtype bf16 are rounded to bf16
+exit status: 0 done (and within tolerance with --check), 1 bad input, 2 no CUDA device, 3 out of tolerance
 )";
 
 std::string shape_text(const HostTensor& t) {
@@ -36,15 +38,20 @@ std::string shape_text(const HostTensor& t) {
   return s + "]";
 }
 
-// Reads the problem off the tensors' shapes, refusing anything inconsistent.
-AttentionProblem problem_from(const AttentionInputs& in) {
-  for (const auto* t : {&in.q, &in.k, &in.v})
-    if (t->shape.size() != 4)
-      throw std::invalid_argument("tensors must have 4 dimensions [B, N, H, d]; got " + shape_text(*t));
+// Reads the problem off the tensors' shapes, refusing anything inconsistent. `files` names Q, K, V.
+AttentionProblem problem_from(const AttentionInputs& in, const std::string (&files)[3]) {
+  const HostTensor* tensors[3] = {&in.q, &in.k, &in.v};
+  for (int i = 0; i < 3; ++i)
+    if (tensors[i]->shape.size() != 4)
+      throw std::invalid_argument(files[i] + ": " + "QKV"[i] + " must have 4 dimensions [B, N, H, d]; got " +
+                                  shape_text(*tensors[i]));
   if (in.k.shape != in.v.shape)
-    throw std::invalid_argument("K " + shape_text(in.k) + " and V " + shape_text(in.v) + " must have the same shape");
+    throw std::invalid_argument("K " + shape_text(in.k) + " (" + files[1] + ") and V " + shape_text(in.v) + " (" +
+                                files[2] + ") must have the same shape");
   if (in.q.dtype != in.k.dtype || in.q.dtype != in.v.dtype)
-    throw std::invalid_argument("Q, K and V must have the same dtype");
+    throw std::invalid_argument(std::string("Q, K and V must have one dtype; got Q ") + to_string(in.q.dtype) +
+                                ", K " + to_string(in.k.dtype) + ", V " + to_string(in.v.dtype) +
+                                " (f32, f16 or bf16 as float32 with --dtype bf16)");
   if (in.q.shape[0] != in.k.shape[0] || in.q.shape[3] != in.k.shape[3])
     throw std::invalid_argument("Q " + shape_text(in.q) + " and K " + shape_text(in.k) +
                                 " must agree on batch (dim 0) and head_dim (dim 3)");
@@ -63,13 +70,22 @@ AttentionProblem problem_from(const AttentionInputs& in) {
 
 int run(int argc, char** argv) {
   const Args args(argc, argv, {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed"},
-                  {"help", "causal", "check"});
+                  {"help", "causal", "check", "list"});
+  if (args.has("list")) {
+    print_step_list(std::cout);
+    return 0;
+  }
   if (args.has("help") || !args.has("step")) {
     std::cout << kHelp;
     return args.has("help") ? 0 : 1;
   }
   const auto selected = select_steps(args.get("step", ""));
-  if (selected.size() != 1) throw std::invalid_argument("--step must name exactly one step or variant");
+  if (selected.size() != 1) {
+    std::string labels;
+    for (const StepInfo* s : selected) labels += (labels.empty() ? "" : ", ") + s->label();
+    throw std::invalid_argument("--step " + args.get("step", "") + " names " + std::to_string(selected.size()) +
+                                " implementations; name one: " + labels + " (fa-run --list shows them all)");
+  }
   const StepInfo& step = *selected.front();
 
   AttentionInputs inputs;
@@ -87,7 +103,7 @@ int run(int argc, char** argv) {
     for (const char* name : {"q", "k", "v", "out"})
       if (!args.has(name)) throw std::invalid_argument(std::string("missing --") + name + " (or use --random)");
     inputs = {read_npy(args.get("q", "")), read_npy(args.get("k", "")), read_npy(args.get("v", ""))};
-    p = problem_from(inputs);
+    p = problem_from(inputs, {args.get("q", ""), args.get("k", ""), args.get("v", "")});
     if (args.has("dtype") && parse_dtype(args.get("dtype", "")) != p.dtype) {
       if (parse_dtype(args.get("dtype", "")) != DType::bf16 || p.dtype != DType::f32)
         throw std::invalid_argument("--dtype does not match the files' dtype " + std::string(to_string(p.dtype)) +
@@ -100,9 +116,12 @@ int run(int argc, char** argv) {
   p.causal = args.has("causal");
   if (args.has("scale")) p.scale = float(args.get_number("scale", 0));
   validate(p);
-  if (!step.supports(p.dtype) || !step.supports_head_dim(p.head_dim))
-    throw std::invalid_argument("step " + step.label() + " does not support " + p.describe());
-  if (!gpu_available()) throw std::runtime_error("no CUDA device found; fa-run needs a GPU");
+  refuse_unsupported(step, p);
+  if (!gpu_available()) {
+    std::fprintf(stderr, "fa-run: no CUDA device found; fa-run needs a GPU (%s needs %s)\n", step.label().c_str(),
+                 step.min_gpu() == "any" ? "any CUDA GPU" : step.min_gpu().c_str());
+    return 2;
+  }
   if (args.has("random")) {  // write the inputs only once everything is known to be runnable
     const std::filesystem::path dir = args.get("dump", "");
     std::filesystem::create_directories(dir);

@@ -14,8 +14,10 @@ using tc::fast_exp2;
 using tc::kLog2e;
 
 /// What this step accepts: every tensor row is read and written in 16-byte (f32) or 8-byte (f16)
-/// vectors, so the tensors must be 16-byte aligned.
+/// vectors, so the tensors must be 16-byte aligned. The kernel itself runs on any GPU, but it is
+/// built with step 11's tensor-core kernel, for sm_80 and newer only (steps/11_exp2_softmax/CMakeLists.txt).
 struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
+  static constexpr int min_arch = 80;
   static constexpr int pointer_alignment = 16;
 };
 

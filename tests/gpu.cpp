@@ -1,6 +1,7 @@
 #include "gpu.hpp"
 
 #include "fa/device.hpp"
+#include "fa/kit.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -26,6 +27,20 @@ bool gpu_or_skip() {
 }
 
 int skipped_cases() { return g_skipped; }
+
+void skip(const std::string& reason) {
+  ++g_skipped;
+  WARN("skipped: " << reason);
+}
+
+bool runs_here(const StepInfo& step, bool count_as_skip) {
+  static const int arch = kit::device_arch();
+  if (arch >= step.min_arch) return true;
+  const std::string reason = step.label() + " needs " + step.min_gpu() + "; this GPU is sm_" + std::to_string(arch);
+  if (count_as_skip) skip(reason);
+  else WARN("not run: " + reason);
+  return false;
+}
 
 std::vector<const StepInfo*> steps_under_test() {
   return select_steps(g_step_filter.empty() ? "all,cublas" : g_step_filter);

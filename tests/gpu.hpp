@@ -5,6 +5,7 @@
 #include "fa/registry.hpp"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace fa::test {
@@ -21,8 +22,17 @@ std::uint64_t fresh_seed();
 /// reports as skipped) and returns false.
 bool gpu_or_skip();
 
-/// How many test cases called gpu_or_skip() without a device.
+/// How many test cases called gpu_or_skip() without a device, or skip() for another reason.
 int skipped_cases();
+
+/// Records that (part of) the current test case cannot run on this machine, with the reason
+/// (a step that needs a newer GPU, a problem larger than the device's memory): main() then
+/// reports the run as skipped rather than passed, when nothing failed.
+void skip(const std::string& reason);
+
+/// Whether this GPU meets the step's minimum architecture; if not, warns naming both and, when
+/// `count_as_skip`, records a skip (a test case where that is the whole point reports skipped).
+bool runs_here(const StepInfo& step, bool count_as_skip = true);
 
 /// The --step filter given on the command line ("" for every step).
 const char* step_filter();

@@ -14,6 +14,7 @@
 #include "mutants.hpp"
 
 #include "fa/device.hpp"
+#include "fa/kit.hpp"
 #include "reference.hpp"
 
 #include <algorithm>
@@ -75,6 +76,12 @@ int main(int argc, char** argv) {
       return 77;
     }
     std::printf("GPU: %s, seed %llu\n\n", gpu_name().c_str(), static_cast<unsigned long long>(options.seed));
+    const int arch = kit::device_arch(), needs = ex.launchers.front().second.min_arch;
+    if (arch < needs) {
+      std::printf("this exercise needs a GPU of sm_%d or newer; this one is sm_%d: grade it on another GPU\n",
+                  needs, arch);
+      return 77;
+    }
 
     int passed = 0, failed = 0;
     std::vector<test::Case> signature_cases;   // the first launcher's cases, for matching mistakes

@@ -2,8 +2,8 @@
 //  --step ID   restricts the attention tests to one step (CTest passes it).
 //  --max-len N leaves out attention shapes longer than N (sanitizer runs).
 //  --mutant NAME names the known-wrong kernel "[mutant-run]" runs (under a sanitizer).
-//  exit 77     when GPU test cases were skipped for want of a device and
-//              nothing failed, so CTest shows them as skipped, not passed.
+//  exit 77     when GPU test cases were skipped (no device, a step this GPU cannot run, a problem
+//              larger than its memory) and nothing failed, so CTest shows them as skipped.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -33,7 +33,8 @@ int main(int argc, char* argv[]) {
   const int result = session.run();
   const int skipped = fa::test::skipped_cases();
   if (result == 0 && skipped > 0) {
-    std::printf("%d GPU test case(s) skipped: no CUDA device\n", skipped);
+    std::printf("%d GPU test case(s) or part(s) skipped: no CUDA device, or a step this GPU cannot run\n",
+                skipped);
     return 77;
   }
   return result;

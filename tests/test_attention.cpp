@@ -36,7 +36,8 @@ std::vector<int> all_head_dims() {
 void check_case(const test::Case& c) {
   std::vector<const StepInfo*> steps;
   for (const StepInfo* s : under_test())
-    if (s->supports(c.problem.dtype) && s->supports_head_dim(c.problem.head_dim)) steps.push_back(s);
+    if (s->supports(c.problem.dtype) && s->supports_head_dim(c.problem.head_dim) && test::runs_here(*s))
+      steps.push_back(s);
   if (steps.empty()) return;  // no step under test takes this dtype/head_dim
   const test::Prepared prepared = test::prepare(c, fresh_seed());
   INFO(c.describe() << " seed=" << prepared.seed);
@@ -67,6 +68,7 @@ TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][atte
   // the rows that see it and no others (a causal row before it stays put).
   FA_REQUIRE_GPU();
   for (const StepInfo* step : under_test()) {
+    if (!test::runs_here(*step)) continue;
     for (DType dtype : step->dtypes) {
       AttentionProblem p;
       p.batch = 1, p.q_len = 70, p.kv_len = 70, p.q_heads = 2, p.kv_heads = 1;
@@ -93,6 +95,7 @@ TEST_CASE("a batch beyond the grid's 65535 is refused with a clear message or co
   // such a problem by name before launching. A step that maps it elsewhere must get it right.
   FA_REQUIRE_GPU();
   for (const StepInfo* step : under_test()) {
+    if (!test::runs_here(*step)) continue;
     AttentionProblem p;
     p.batch = 70000, p.q_len = 3, p.kv_len = 5, p.q_heads = 1, p.kv_heads = 1;
     p.head_dim = step->head_dims.front(), p.dtype = step->dtypes.back();

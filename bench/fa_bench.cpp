@@ -14,6 +14,7 @@
 #include "cli.hpp"
 #include "fa/compare.hpp"
 #include "fa/device.hpp"
+#include "fa/kit.hpp"
 #include "fa/registry.hpp"
 #include "reference.hpp"
 #include "trace_bench.hpp"
@@ -261,6 +262,10 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
               "regs/thr", "blocks/SM", "warps/SM", "occupancy");
   int rows = 0;
   for (const StepInfo* step : steps) {
+    if (step->min_arch > kit::device_arch()) {
+      std::fprintf(stderr, "  skip %s: needs %s\n", step->label().c_str(), step->min_gpu().c_str());
+      continue;
+    }
     if (!step->reports_resources) {
       std::fprintf(stderr, "  skip %s: it launches more than its own kernels (no resources reported)\n",
                    step->label().c_str());
@@ -337,6 +342,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const std::string gpu = gpu_name();
+  const int device_arch = kit::device_arch();
   std::printf("fa-bench on %s: median of timed launches (CUDA events), TFLOPS = 4*B*Hq*Nq*Nkv*d/t "
               "(halved when causal)\n", gpu.c_str());
   print_header();
@@ -370,6 +376,7 @@ int run(int argc, char** argv) {
           auto skip = [&](const std::string& why) {
             std::fprintf(stderr, "  skip %s: %s\n", step->label().c_str(), why.c_str());
           };
+          if (step->min_arch > device_arch) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
           if (!step->supports(dtype)) { skip(std::string("does not support ") + to_string(dtype)); continue; }
           if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
           if (auto it = last_measured.find(step); it != last_measured.end()) {

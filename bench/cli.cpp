@@ -70,15 +70,18 @@ std::vector<int> Args::parse_ints(const std::string& text, std::size_t count, co
 }
 
 namespace {
+/// "a, b, c": the items as text, joined.
 template <class Items, class Text>
 std::string join(const Items& items, Text text) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + text(item);
   return out;
 }
+/// "f32, f16": the dtypes a step takes.
 std::string dtype_list(const StepInfo& s) {
   return join(s.dtypes, [](DType d) { return std::string(to_string(d)); });
 }
+/// "32, 64, 128": the head_dims a step takes.
 std::string head_dim_list(const StepInfo& s) {
   return join(s.head_dims, [](int d) { return std::to_string(d); });
 }

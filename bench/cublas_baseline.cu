@@ -21,7 +21,7 @@ namespace {
 
 /// What the baseline accepts. S (and P) live in the workspace.
 struct Support : kit::Support<kit::DTypes<float, __half, __nv_bfloat16>, kit::HeadDims<32, 64, 128>> {
-  static constexpr bool needs_workspace = true;
+  static constexpr bool needs_workspace = true;  ///< S and P in global memory
 };
 
 /// Throws std::runtime_error naming `what` unless status is CUBLAS_STATUS_SUCCESS.
@@ -124,6 +124,7 @@ __global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool 
     out[j] = kit::from_float<TP>(j < keys ? expf(s[j] - m) * inv_l : 0.f);
 }
 
+/// Bytes of S, P and the pointer arrays for problem p.
 std::size_t workspace_bytes(const AttentionProblem& p) { return layout(p).total; }
 
 /// The three stages on `stream` for element type T.

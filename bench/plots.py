@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import glob
 import math
 import os
@@ -101,8 +102,32 @@ def label(row: dict) -> str:
 
 
 def order_key(name: str):
-    """Course steps first in course order, then peers alphabetically."""
-    return (1, name) if name.endswith("(peer)") else (0, name)
+    """Course steps first in course order (variants in natural order: br8 before br16), then peers."""
+    natural = tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+    return (1, natural) if name.endswith("(peer)") else (0, natural)
+
+
+def fastest_variants(rows) -> list[dict]:
+    """Per configuration, the fastest variant of each course step (peers kept as they are), shown by
+    its step id alone (which variant it is can differ between dtypes: the READMEs give them)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["suite"], r["dtype"], r["causal"], r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["head_dim"],
+               label(r) if is_peer(r) else r["step"])
+        if key not in best or r["ms"] < best[key]["ms"]:
+            best[key] = r
+    out = []
+    for r in best.values():
+        r = dict(r)
+        if not is_peer(r):
+            r["shown"] = r["step"]
+        out.append(r)
+    return out
+
+
+def shown(row: dict) -> str:
+    """The name a figure shows: fastest_variants' step id, else label()."""
+    return row.get("shown", label(row))
 
 
 def select(rows, **conditions) -> list[dict]:
@@ -137,30 +162,33 @@ def fig_time_teaching(rows):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = [r for r in select(rows, suite="teaching") if math.isfinite(r["ms"])]
+    rows = fastest_variants([r for r in select(rows, suite="teaching") if math.isfinite(r["ms"])])
     if not rows:
         return None, "no teaching-suite rows"
     causals = sorted({r["causal"] for r in rows})
     dtypes = [d for d in ("f32", "f16") if select(rows, dtype=d)]
-    names = sorted({label(r) for r in rows}, key=order_key)
+    names = sorted({shown(r) for r in rows}, key=order_key)
     # One row of panels per causal setting, so the figure stays readable as steps are added.
     fig, axes = plt.subplots(len(causals), 1, figsize=(max(8, 0.6 * len(names)), 4.4 * len(causals)),
                              squeeze=False, constrained_layout=True)
     width = 0.8 / len(dtypes)
     for ax, causal in zip(axes[:, 0], causals):
         for k, dtype in enumerate(dtypes):
-            ms = {label(r): r["ms"] for r in select(rows, causal=causal, dtype=dtype)}
+            ms = {shown(r): r["ms"] for r in select(rows, causal=causal, dtype=dtype)}
             x = np.arange(len(names)) + (k - (len(dtypes) - 1) / 2) * width
             heights = [ms.get(n, np.nan) for n in names]
             bars = ax.bar(x, heights, width, label=dtype, color=f"C{k}",
                           hatch=["//" if n.endswith("(peer)") else "" for n in names], edgecolor="white")
-            ax.bar_label(bars, labels=[f"{h:.3g}" if math.isfinite(h) else "" for h in heights], fontsize=7)
+            ax.bar_label(bars, labels=[f"{h:.3g}" if math.isfinite(h) else "" for h in heights], fontsize=7,
+                         rotation=90, padding=2)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.margins(y=0.25)
         ax.set_yscale("log")
         ax.set_ylabel("median time per call, ms (log)")
         ax.set_title(f"causal = {'yes' if causal else 'no'}")
         ax.legend(title="dtype")
-    fig.suptitle(f"Teaching shape ({_shape(rows[0])}), {_gpus(rows)}; hatched bars are peers")
+    fig.suptitle(f"Teaching shape ({_shape(rows[0])}), {_gpus(rows)}; each step's fastest variant; "
+                 "hatched bars are peers")
     return fig, None
 
 
@@ -171,6 +199,7 @@ def fig_speedup_chain(rows, suite="teaching", dtype="f32", causal=0):
     """
     import matplotlib.pyplot as plt
 
+    all_ids = sorted({r["step"] for r in select(rows, suite=suite) if not is_peer(r)})
     rows = [r for r in select(rows, suite=suite, dtype=dtype, causal=causal) if math.isfinite(r["ms"])]
     steps = [r for r in rows if not is_peer(r)]
     if not steps:
@@ -189,8 +218,13 @@ def fig_speedup_chain(rows, suite="teaching", dtype="f32", causal=0):
     for k, r in enumerate(peers):
         ax.axhline(base / r["ms"], color=f"C{k}", ls=(0, (4, 2 + k)), lw=1, label=f"{label(r)}, {dtype}")
     if peers:
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="peers, same run")
+    missing = [i for i in all_ids if i not in best]
+    if missing:  # say why the chain skips steps (the tensor-core steps take 16-bit inputs only)
+        ax.text(0.01, 0.98, f"not in {dtype}: steps {', '.join(missing)} (their inputs are f16/bf16 only)",
+                transform=ax.transAxes, va="top", fontsize=8)
     ax.set_yscale("log")
+    ax.margins(y=0.15)
     ax.set_xlabel("step (best variant)")
     ax.set_ylabel(f"speedup over step {ids[0]} (log)")
     ax.set_title(f"The speedup chain: {suite} shape ({_shape(steps[0])}),\n{dtype}, causal = "
@@ -210,24 +244,27 @@ def fig_tflops(rows, ceilings=None):
     dtypes = [d for d in ("f32", "f16") if select(rows, dtype=d)]
     fig, axes = plt.subplots(1, len(dtypes), figsize=(7 * len(dtypes), 4.8), squeeze=False, constrained_layout=True)
     for ax, dtype in zip(axes[0], dtypes):
-        subset = select(rows, dtype=dtype)
-        names = sorted({label(r) for r in subset}, key=order_key)
-        tflops = {label(r): r["tflops"] for r in subset}
+        subset = fastest_variants(select(rows, dtype=dtype))
+        names = sorted({shown(r) for r in subset}, key=order_key)
+        tflops = {shown(r): r["tflops"] for r in subset}
         bars = ax.bar(range(len(names)), [tflops[n] for n in names], color=[_colour(n, names) for n in names])
-        ax.bar_label(bars, labels=[f"{tflops[n]:.3g}" for n in names], fontsize=7)
+        ax.bar_label(bars, labels=[f"{tflops[n]:.3g}" for n in names], fontsize=7, padding=2)
         # f32 inputs compute in f32 (FFMA); the FP64 line shows what double accumulation would cap at.
         relevant = ("f32", "f64") if dtype == "f32" else ("f16",)
         for k, c in enumerate(x for x in ceilings if x["dtype"] in relevant):
             # Ceilings go into the legend: close values (53.3 and 50.9) would overprint as labels.
             ax.axhline(c["tflops"], color=f"C{k + 3}", ls=(0, (4, 1 + k)), lw=1,
                        label=f"{c['ceiling']}: {c['tflops']:g}")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        # Room above the bars and the ceilings for the legend and the value labels.
+        top = max([tflops[n] for n in names] + [c["tflops"] for c in ceilings if c["dtype"] in relevant])
+        ax.legend(fontsize=7, loc="upper left", ncol=1)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
+        ax.set_ylim(min(tflops.values()) / 2, top * 8)
         ax.set_ylabel("TFLOPS, 4·B·H·N²·d / t (log)")
         ax.set_title(f"{dtype} inputs")
-    fig.suptitle(f"{suite} shape ({_shape(rows[0])}), non-causal, against measured ceilings (bench/ceilings.csv), "
-                 f"{_gpus(rows)}", fontsize=10)
+    fig.suptitle(f"{suite} shape ({_shape(rows[0])}), non-causal, each step's fastest variant, against measured "
+                 f"ceilings (bench/ceilings.csv), {_gpus(rows)}", fontsize=10)
     return fig, None
 
 
@@ -239,10 +276,20 @@ def fig_memory_sweep(rows, dtype="f32", causal=0):
     if not rows:
         return None, f"no sweep rows for dtype={dtype}, causal={causal}"
     names = sorted({label(r) for r in rows}, key=order_key)
+    lengths = sorted({r["kv_len"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.6), constrained_layout=True)
-    for n in names:
+    # The steps that need no memory beyond Q, K, V and O share one line, named once.
+    zero = [n for n in names if all(r["extra_bytes"] == 0 for r in rows if label(r) == n)]
+    if zero:
+        ax.plot(lengths, [0] * len(lengths), marker="o", color="C2",
+                label=f"no extra memory: {len(zero)} steps and variants\n({', '.join(sorted({z.split('-')[0] for z in zero}, key=order_key))})")
+    for k, n in enumerate(x for x in names if x not in zero):
         points = sorted((r["kv_len"], r["extra_bytes"] / 2**20) for r in rows if label(r) == n)
-        ax.plot(*zip(*points), marker="o", label=n, color=_colour(n, names), ls="--" if n.endswith("(peer)") else "-")
+        ax.plot(*zip(*points), marker="o", label=n, color="0.45" if n.endswith("(peer)") else f"C{k}",
+                ls="--" if n.endswith("(peer)") else "-")
+        if points[-1][0] < lengths[-1]:  # a series that stops: fa-bench skipped the longer ones
+            ax.annotate(f"{n}: not timed past N = {points[-1][0]}\n(predicted over --max-ms)", points[-1],
+                        textcoords="offset points", xytext=(8, -4), fontsize=7, va="top")
     # 0 bytes must be visible: symlog is linear below 1 MiB and logarithmic above.
     ax.set_xscale("log", base=2)
     ax.set_yscale("symlog", linthresh=1)
@@ -261,6 +308,7 @@ ACCURACY_SUITES = {"accuracy": "inputs in [-1, 1)", "accuracy-wide": "wide logit
 
 def fig_accuracy(rows):
     """rel_err against kv_len per implementation, one panel per accuracy suite and dtype."""
+    import matplotlib
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r["suite"] in ACCURACY_SUITES and math.isfinite(r["rel_err"])]
@@ -284,6 +332,11 @@ def fig_accuracy(rows):
                         ls="--" if causal else "-", label=n + (", causal" if causal else ""))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, numticks=12))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(base=10, subs=(2, 5), numticks=12))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.LogFormatterSciNotation(labelOnlyBase=False,
+                                                                               minor_thresholds=(3, 1)))
+        ax.tick_params(labelleft=True)
         ax.set_xlabel("kv_len (log2)")
         ax.set_ylabel("relative error vs float64 reference (log)")
         ax.set_title(f"{dtype}, {ACCURACY_SUITES[suite]}")

@@ -15,32 +15,33 @@ namespace {
 // CUDA's grid and block limits, the same on every GPU since compute capability 3.0 (CUDA C++
 // Programming Guide, "Compute Capabilities", table of technical specifications). Checked without a
 // device, so a refusal never depends on one being present.
-constexpr unsigned kMaxGridX = 2147483647u;  // 2^31 - 1
-constexpr unsigned kMaxGridYZ = 65535u;
-constexpr unsigned kMaxThreadsPerBlock = 1024u;
-constexpr std::size_t kDefaultSharedLimit = 48 * 1024;  // dynamic shared memory without opting in
+constexpr unsigned kMaxGridX = 2147483647u;             ///< 2^31 - 1 blocks in x
+constexpr unsigned kMaxGridYZ = 65535u;                 ///< blocks in y and in z
+constexpr unsigned kMaxThreadsPerBlock = 1024u;         ///< threads in a block
+constexpr std::size_t kDefaultSharedLimit = 48 * 1024;  ///< dynamic shared memory without opting in
 
-thread_local LaunchScope* g_scope = nullptr;           // set by dispatch() while a step's body runs
-thread_local KernelResources* g_probe = nullptr;       // set by resources(): record, do not launch
-thread_local bool g_probed = false;                    // resources() recorded a kernel already
+thread_local LaunchScope* g_scope = nullptr;      ///< set by dispatch() while a step's body runs
+thread_local KernelResources* g_probe = nullptr;  ///< set by resources(): record, do not launch
+thread_local bool g_probed = false;               ///< resources() recorded a kernel already
 
 /// What the kit needs to know about one device, read once.
 struct DeviceInfo {
-  int arch = 0;                  // 10 * major + minor
-  std::size_t shared_optin = 0;  // most shared memory one block may use (after opting in)
-  std::string name;
+  int arch = 0;                  ///< 10 * major + minor
+  std::size_t shared_optin = 0;  ///< most shared memory one block may use (after opting in)
+  std::string name;              ///< "NVIDIA H100 80GB HBM3"
 };
 
 /// What the kit knows about one kernel on one device.
 struct KernelInfo {
-  cudaFuncAttributes attributes{};
-  std::size_t opted_in = kDefaultSharedLimit;  // dynamic shared memory the kernel may use so far
+  cudaFuncAttributes attributes{};             ///< registers, static shared memory, max threads
+  std::size_t opted_in = kDefaultSharedLimit;  ///< dynamic shared memory the kernel may use so far
 };
 
-std::mutex g_mutex;
-std::map<int, DeviceInfo> g_devices;
-std::map<std::pair<const void*, int>, KernelInfo> g_kernels;
+std::mutex g_mutex;                                           ///< guards the two caches below
+std::map<int, DeviceInfo> g_devices;                          ///< by device ordinal
+std::map<std::pair<const void*, int>, KernelInfo> g_kernels;  ///< by (kernel, device)
 
+/// The current device's ordinal.
 int current_device() {
   int device = 0;
   FA_CUDA_CHECK(cudaGetDevice(&device));
@@ -64,6 +65,7 @@ const DeviceInfo& device_info(int device) {
   return g_devices.emplace(device, info).first->second;
 }
 
+/// "sm_90" for 90.
 std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
 
 /// "step 06" and the problem of the launch in progress, for messages.
@@ -72,6 +74,7 @@ std::string who() {
   return std::string(g_scope->step) + " (" + g_scope->problem.describe() + ")";
 }
 
+/// "16 x 8 x 4".
 std::string dims(dim3 d) {
   return std::to_string(d.x) + " x " + std::to_string(d.y) + " x " + std::to_string(d.z);
 }

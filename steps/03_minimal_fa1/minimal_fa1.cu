@@ -18,7 +18,7 @@ namespace {
 /// What this step accepts. The kernel is compiled for each head_dim, so its loops over d have fixed trip
 /// counts. O, l and m live in a workspace in global memory (see workspace_bytes).
 struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
-  static constexpr bool needs_workspace = true;
+  static constexpr bool needs_workspace = true;  ///< O, l and m in global memory
 };
 
 /// Algorithm 1, line 1: the tile sizes. One thread per query row, so Br is also the block size (one

@@ -19,7 +19,7 @@ using Support = kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 1
 /// warp_max and warp_sum). Br query rows per Q tile, one warp each: a template
 /// parameter here, kBr for both variants (set from step 06's measurements).
 constexpr int Bc = 32;
-constexpr int kBr = 16;
+constexpr int kBr = 16;  ///< query rows per block, for both accumulators
 static_assert(Bc == step02::kWarpSize, "one warp per row of S: Bc must be the warp size");
 
 /// What the kernel does on Acc that has no C++ operator, for Acc = double (FP64). For Acc =

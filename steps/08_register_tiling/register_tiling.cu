@@ -14,7 +14,7 @@ namespace {
 /// What this step accepts: every tensor row is read and written in 16-byte (f32) or 8-byte (f16)
 /// vectors, so the tensors must be 16-byte aligned.
 struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
-  static constexpr int pointer_alignment = 16;
+  static constexpr int pointer_alignment = 16;  ///< 16-byte vector loads and stores
 };
 
 /// The block tile: Br query rows x Bc keys, 16 x 8 = 128 threads, each owning

@@ -17,8 +17,8 @@ using namespace tc;
 /// What this step accepts: tensor cores take 16-bit inputs in this form (f32 runs in steps 01-08);
 /// mma.sync m16n8k16 and ldmatrix need sm_80; rows move as 16-byte vectors.
 struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
-  static constexpr int min_arch = 80;
-  static constexpr int pointer_alignment = 16;
+  static constexpr int min_arch = 80;           ///< mma.sync m16n8k16, ldmatrix, cp.async: sm_80
+  static constexpr int pointer_alignment = 16;  ///< rows move as 16-byte vectors
 };
 
 /// Keys per K/V tile. Every warp owns 16 query rows and reads all of K_j and V_j from shared memory,

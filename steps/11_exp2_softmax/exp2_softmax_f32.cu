@@ -17,8 +17,8 @@ using tc::kLog2e;
 /// vectors, so the tensors must be 16-byte aligned. The kernel itself runs on any GPU, but it is
 /// built with step 11's tensor-core kernel, for sm_80 and newer only (steps/11_exp2_softmax/CMakeLists.txt).
 struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 128>> {
-  static constexpr int min_arch = 80;
-  static constexpr int pointer_alignment = 16;
+  static constexpr int min_arch = 80;           ///< built with step 11 for sm_80+
+  static constexpr int pointer_alignment = 16;  ///< 16-byte vector loads and stores
 };
 
 /// The block tile: Br query rows x Bc keys, 16 x 8 = 128 threads, each owning

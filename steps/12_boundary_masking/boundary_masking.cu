@@ -17,14 +17,14 @@ using namespace tc;
 /// What this step accepts: tensor cores take 16-bit inputs in this form (f32 runs in steps 01-08);
 /// mma.sync m16n8k16, ldmatrix and cp.async need sm_80; rows move as 16-byte vectors.
 struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
-  static constexpr int min_arch = 80;
-  static constexpr int pointer_alignment = 16;
+  static constexpr int min_arch = 80;           ///< mma.sync m16n8k16, ldmatrix, cp.async: sm_80
+  static constexpr int pointer_alignment = 16;  ///< rows move as 16-byte vectors
 };
 
 /// Keys per K/V tile, and warps per block (Br = 16 * kWarps = 64 query rows): step 09's br64, its
 /// faster variant at d = 64 and 128 (see step 09's README).
-constexpr int Bc = 64;
-constexpr int kWarps = 4;
+constexpr int Bc = 64;     ///< keys per K/V tile
+constexpr int kWarps = 4;  ///< warps per block: Br = 64 query rows
 
 /// Dynamic shared memory: Q_i (Br x D), one K_j tile and one V_j tile (Bc x D), 16-bit.
 template <int D, int Br>

@@ -49,25 +49,37 @@ def _name(row: dict) -> str:
 
 
 def times(rows, suite, steps, dtypes, causals, head_dim=None, baseline="cublas") -> str:
-    """ms, TFLOPS, speedup over the fastest variant of the nearest earlier listed step, and over the baseline."""
-    lines = ["| step | dtype | causal | ms | TFLOPS | × previous step | × cuBLAS | rel. error |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    """ms, TFLOPS, speedup over the fastest variant of the nearest earlier listed step, and over the baseline.
+
+    A suite with several shapes (sweep, custom) gets a shape column, and each ratio compares rows of one shape."""
+    def shape(r):
+        return (r["batch"], r["q_heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"])
+
+    picked = [r for r in plots.select(rows, suite=suite) if head_dim is None or r["head_dim"] == head_dim]
+    shapes = sorted({shape(r) for r in picked})
+    many = len(shapes) > 1
+    lines = ["| " + ("shape (B, H/Hkv, Nq×Nkv, d) | " if many else "") +
+             "step | dtype | causal | ms | TFLOPS | × previous step | × cuBLAS | rel. error |",
+             "|" + ("---|" if many else "") + "---|---|---|---:|---:|---:|---:|---:|"]
     for dtype in dtypes:
         for causal in causals:
-            chosen = [r for r in plots.select(rows, suite=suite, dtype=dtype, causal=causal)
-                      if head_dim is None or r["head_dim"] == head_dim]
-            base = [r for r in chosen if r["step"] == baseline]
-            base_ms = base[0]["ms"] if base else math.nan
-            listed = [r for label in steps for r in chosen if _matches(r, [label])]
-            best_ms: dict[str, float] = {}  # fastest variant of each course step listed
-            for r in listed:
-                if not plots.is_peer(r):
-                    best_ms[r["step"]] = min(best_ms.get(r["step"], math.inf), r["ms"])
-            for r in listed:
-                earlier = [k for k in best_ms if k < r["step"]] if not plots.is_peer(r) else []
-                prev = f"{_fmt(best_ms[max(earlier)] / r['ms'])}×" if earlier else "–"
-                lines.append(f"| {_name(r)} | {dtype} | {'yes' if causal else 'no'} | {_fmt(r['ms'], 4)} | "
-                             f"{_fmt(r['tflops'])} | {prev} | {_fmt(base_ms / r['ms'])}× | {_sci(r['rel_err'])} |")
+            for s in shapes:
+                chosen = [r for r in plots.select(rows, suite=suite, dtype=dtype, causal=causal) if shape(r) == s]
+                base = [r for r in chosen if r["step"] == baseline]
+                base_ms = base[0]["ms"] if base else math.nan
+                listed = [r for label in steps for r in chosen if _matches(r, [label])]
+                if not [r for r in listed if r["step"] != baseline]:
+                    continue  # nothing but the baseline at this shape
+                best_ms: dict[str, float] = {}  # fastest variant of each course step listed
+                for r in listed:
+                    if not plots.is_peer(r):
+                        best_ms[r["step"]] = min(best_ms.get(r["step"], math.inf), r["ms"])
+                cell = f"| {s[0]}, {s[1]}/{s[2]}, {s[3]}×{s[4]}, {s[5]} " if many else ""
+                for r in listed:
+                    earlier = [k for k in best_ms if k < r["step"]] if not plots.is_peer(r) else []
+                    prev = f"{_fmt(best_ms[max(earlier)] / r['ms'])}×" if earlier else "–"
+                    lines.append(f"{cell}| {_name(r)} | {dtype} | {'yes' if causal else 'no'} | {_fmt(r['ms'], 4)} | "
+                                 f"{_fmt(r['tflops'])} | {prev} | {_fmt(base_ms / r['ms'])}× | {_sci(r['rel_err'])} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Static SASS instruction counts per kernel: what each step's idea turned into in the binary.
+
+    python3 bench/sass_counts.py [--build build] [--steps 08,09,10,11,12,13] [--csv FILE]
+
+Runs `cuobjdump -sass` on each step's library (build/steps/NN_*/libfa_step_*.a; no GPU needed), and
+counts, per kernel, the instructions the course's steps are about: HMMA (tensor-core mma), LDSM and
+LDSM.T (ldmatrix, ldmatrix.trans), LDGSTS (cp.async), MUFU.EX2 (ex2.approx), FMUL/FFMA/FADD, BAR
+(__syncthreads), and LDL/STL (local memory: register spills). Static counts in the binary, not executed
+counts: a loop body counts once. Kernel names are demangled with cu++filt or c++filt when found.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+COUNTED = {  # column -> what in an instruction's opcode counts for it
+    "HMMA": r"^HMMA\b",
+    "LDSM": r"^LDSM\.16\.M88",
+    "LDSM.T": r"^LDSM\.16\.MT88",
+    "LDGSTS": r"^LDGSTS\b",
+    "MUFU.EX2": r"^MUFU\.EX2\b",
+    "FMUL": r"^FMUL\b",
+    "FFMA": r"^FFMA\b",
+    "FADD": r"^FADD\b",
+    "BAR": r"^BAR\.SYNC",
+    "LDL/STL": r"^(LDL|STL)\b",
+}
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def demangle(names: list[str]) -> list[str]:
+    tool = shutil.which("cu++filt") or shutil.which("c++filt")
+    if not tool or not names:
+        return names
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return [re.sub(r"^fa::step\d+::\(anonymous namespace\)::", "", o) for o in out] if len(out) == len(names) else names
+
+
+def counts(library: str, cuobjdump: str) -> list[tuple[str, str, dict[str, int]]]:
+    sass = subprocess.run([cuobjdump, "-sass", library], capture_output=True, text=True, check=True).stdout
+    found, arch, kernel, tally = [], "?", None, {}
+    for line in sass.splitlines():
+        if m := re.search(r"arch = (sm_\d+)", line):
+            arch = m.group(1)
+        elif m := re.search(r"Function : (\S+)", line):
+            if kernel:
+                found.append((kernel, arch, tally))
+            kernel, tally = m.group(1), {c: 0 for c in COUNTED}
+        elif kernel and (m := OPCODE.search(line)):
+            for column, pattern in COUNTED.items():
+                if re.match(pattern, m.group(1)):
+                    tally[column] += 1
+    if kernel:
+        found.append((kernel, arch, tally))
+    names = demangle([k for k, _, _ in found])
+    return [(n, a, t) for n, (_, a, t) in zip(names, found)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--steps", default="08,09,10,11,12,13")
+    parser.add_argument("--csv", help="write here as well as to stdout")
+    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    args = parser.parse_args(argv)
+    rows = ["step,kernel,arch," + ",".join(COUNTED)]
+    for step in args.steps.split(","):
+        libraries = sorted(glob.glob(os.path.join(args.build, "steps", f"{step}_*", "libfa_step_*.a")))
+        if not libraries:
+            print(f"sass_counts: no library for step {step} under {args.build}/steps (build it first)", file=sys.stderr)
+            return 1
+        for library in libraries:
+            for kernel, arch, tally in counts(library, args.cuobjdump):
+                rows.append(f'{step},"{kernel}",{arch},' + ",".join(str(tally[c]) for c in COUNTED))
+    text = "\n".join(rows) + "\n"
+    sys.stdout.write(text)
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -62,25 +62,27 @@ def headings(path: str) -> set[str]:
 
 def check_markdown(path: str, problems: list[str]) -> None:
     here = os.path.dirname(path)
-    in_code = False
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
-    for number, line in enumerate(lines, 1):
-        if line.lstrip().startswith("```"):
-            in_code = not in_code
+    prose, in_code = [], False  # the page with fenced code blanked out, line for line
+    for line in lines:
+        fence = line.lstrip().startswith("```")
+        prose.append("" if in_code or fence else line)
+        in_code = in_code != fence
+    text = "\n".join(prose)
+    for match in LINK.finditer(text):  # a link's label may wrap onto the next line
+        target = match.group(1)
+        where = f"{path}:{text.count(chr(10), 0, match.start(1)) + 1}"
+        if re.match(r"^[a-z]+:", target) or target.startswith("@ref"):
             continue
-        if in_code:
-            continue
+        file_part, _, anchor = target.partition("#")
+        full = os.path.normpath(os.path.join(here, file_part)) if file_part else path
+        if not os.path.exists(full):
+            problems.append(f"{where}: link to {target}: {os.path.relpath(full)} does not exist")
+        elif anchor and full.endswith(".md") and anchor not in headings(full):
+            problems.append(f"{where}: link to {target}: no heading with anchor #{anchor} there")
+    for number, line in enumerate(prose, 1):
         where = f"{path}:{number}"
-        for target in LINK.findall(line):
-            if re.match(r"^[a-z]+:", target) or target.startswith("@ref"):
-                continue
-            file_part, _, anchor = target.partition("#")
-            full = os.path.normpath(os.path.join(here, file_part)) if file_part else path
-            if not os.path.exists(full):
-                problems.append(f"{where}: link to {target}: {os.path.relpath(full)} does not exist")
-            elif anchor and full.endswith(".md") and anchor not in headings(full):
-                problems.append(f"{where}: link to {target}: no heading with anchor #{anchor} there")
         for file_part, line_number, quoted in LINE_REF.findall(line):
             full = os.path.normpath(os.path.join(here, file_part))
             if not os.path.exists(full):

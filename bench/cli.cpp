@@ -1,3 +1,5 @@
+/// @file cli.cpp
+/// @brief What fa-bench and fa-run share: option parsing, the step list, refusals.
 #include "cli.hpp"
 
 #include "fa/registry.hpp"

@@ -8,7 +8,7 @@ paths would break. This filter rewrites them for Doxygen only, leaving the files
 
   * a link to a Markdown page of the site -> `@ref md_<path>` (Doxygen's name for that page);
   * a link to a heading anchor of docs/glossary.md -> `@ref glossary-<anchor>`, and the glossary's
-    level-3 headings get those labels;
+    level-2 headings (one per term) get those labels;
   * an image -> its file name, found through IMAGE_PATH (docs/figures);
   * a link to any other file or folder of the repository -> `repo/<path>`, a copy of the sources
     that the `docs` target puts next to the HTML (a folder with a README.md links to that page).
@@ -23,7 +23,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
-HEADING3 = re.compile(r"^### (.+?)\s*$")
+HEADING2 = re.compile(r"^## (.+?)\s*$")
 
 
 def slug(text: str) -> str:
@@ -75,19 +75,29 @@ def rewrite(source: str, text: str) -> str:
             return f'<a href="repo/{rel}">{label}</a>'
         return f"[{label}](repo/{rel}{'/' if os.path.isdir(full) else ''})"
 
-    out = []
-    in_code = False
+    # Links may wrap across lines ("[register\nspill](...)"), so they are rewritten a prose block at a
+    # time; fenced code is left alone. Line count is kept, so Doxygen's line numbers stay right.
+    out, prose, in_code = [], [], False
+
+    def flush():
+        if prose:
+            out.extend(LINK.sub(fix, "\n".join(prose)).split("\n"))
+            prose.clear()
+
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
+            flush()
             in_code = not in_code
-        if not in_code:
-            line = LINK.sub(fix, line)
-            heading = HEADING3.match(line)
+            out.append(line)
+        elif in_code:
+            out.append(line)
+        else:
+            heading = HEADING2.match(line)
             if heading and os.path.abspath(source) == glossary:
-                line = f"### {heading.group(1)} {{#glossary-{slug(heading.group(1))}}}"
-        out.append(line)
+                line = f"## {heading.group(1)} {{#glossary-{slug(heading.group(1))}}}"
+            prose.append(line)
+    flush()
     return "\n".join(out) + "\n"
-
 
 if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as f:

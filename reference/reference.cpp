@@ -1,3 +1,5 @@
+/// @file reference.cpp
+/// @brief Attention and the matrix trace on the CPU in double precision: the ground truth.
 #include "reference.hpp"
 
 #include <algorithm>

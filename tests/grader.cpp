@@ -5,7 +5,8 @@
 // like the exercise is named as the likely mistake.
 //
 //   fa-grade-NN [--bench] [--no-hints] [--max-len N] [--seed N]
-//     --bench      also time the exercise against the step it comes from (teaching shape)
+//     --bench      also time the exercise against the step it comes from and the one before it
+//                  (teaching shape, non-causal and causal)
 //     --no-hints   do not run the mutants to name a likely mistake
 //     --max-len N  leave out cases longer than N (quick runs; the full grade has none)
 // Exit status: 0 when every case passes, 1 when one fails, 77 without a GPU, 2 on bad options.
@@ -158,16 +159,32 @@ int main(int argc, char** argv) {
     }
 
     if (options.bench) {
+      // The teaching shape, without and with the causal mask, in the exercise's first dtype and
+      // head_dim: the exercise against the step it comes from and the step before that one.
       const Launcher& launcher = ex.launchers.front().second;
       const StepInfo mine{"exercise", ex.id, ex.name, ex.launchers.front().first, launcher};
-      for (const StepInfo* reference : select_steps(ex.id)) {
+      std::vector<const StepInfo*> references;
+      const int id = std::stoi(ex.id);
+      if (id > 1) {
+        std::string previous = std::to_string(id - 1);
+        if (previous.size() < 2) previous.insert(previous.begin(), '0');
+        references = select_steps(previous);
+      }
+      for (const StepInfo* step : select_steps(ex.id)) references.push_back(step);
+      for (const bool causal : {false, true}) {
         AttentionProblem p;
-        p.batch = 4, p.q_len = 1024, p.kv_len = 1024, p.q_heads = 8, p.kv_heads = 8;
+        p.batch = 4, p.q_len = 1024, p.kv_len = 1024, p.q_heads = 8, p.kv_heads = 8, p.causal = causal;
         p.head_dim = launcher.head_dims.front(), p.dtype = launcher.dtypes.front();
-        if (!reference->supports(p.dtype) || !reference->supports_head_dim(p.head_dim)) continue;
         const AttentionInputs in = random_inputs(p, options.seed);
-        std::printf("\nbench (%s, median of 21): exercise %.4f ms, step %s %.4f ms\n", p.describe().c_str(),
-                    median_ms(mine, p, in), reference->label().c_str(), median_ms(*reference, p, in));
+        const double exercise_ms = median_ms(mine, p, in);
+        std::printf("\nbench, %s, median of 21 launches:\n  %-14s %9.4f ms\n", p.describe().c_str(), "exercise",
+                    exercise_ms);
+        for (const StepInfo* reference : references) {
+          if (!reference->supports(p.dtype) || !reference->supports_head_dim(p.head_dim)) continue;
+          const double ms = median_ms(*reference, p, in);
+          std::printf("  step %-9s %9.4f ms  (the exercise takes %.2fx its time)\n", reference->label().c_str(), ms,
+                      exercise_ms / ms);
+        }
       }
     }
     return failed == 0 ? 0 : 1;

@@ -1,3 +1,5 @@
+/// @file compare.cpp
+/// @brief Comparing an output with the float64 reference: errors per element and per row, the tolerances, the verdict.
 #include "fa/compare.hpp"
 
 #include <algorithm>

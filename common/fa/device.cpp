@@ -1,3 +1,5 @@
+/// @file device.cpp
+/// @brief Device buffers for a problem's inputs, output and workspace.
 #include "fa/device.hpp"
 
 namespace fa {

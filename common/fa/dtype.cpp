@@ -1,3 +1,5 @@
+/// @file dtype.cpp
+/// @brief The element types (f32, f16, bf16): names, sizes and conversions to and from double.
 #include "fa/dtype.hpp"
 
 #include <cuda_bf16.h>

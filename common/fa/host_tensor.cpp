@@ -1,3 +1,5 @@
+/// @file host_tensor.cpp
+/// @brief Host tensors in any dtype, filled at random or from .npy files.
 #include "fa/host_tensor.hpp"
 
 #include <cstring>

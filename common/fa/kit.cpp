@@ -1,3 +1,5 @@
+/// @file kit.cpp
+/// @brief The host half of the steps' kit: refusals, launch checks, shared-memory opt-in, resources.
 // The host half of the steps' kit (kit.cuh, kit.hpp): refusals, launch checks, the per-device shared-memory
 // opt-in, and resources probed from a launcher. Written once for every step.
 #include "fa/kit.hpp"

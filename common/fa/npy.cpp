@@ -1,3 +1,5 @@
+/// @file npy.cpp
+/// @brief Reading and writing .npy files.
 // The .npy format: magic "\x93NUMPY", a version, a little-endian header length,
 // a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (..)},
 // padded so the data starts 64-byte aligned, then the raw data.

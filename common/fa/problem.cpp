@@ -1,3 +1,5 @@
+/// @file problem.cpp
+/// @brief The attention problem: its validation, and the messages that name what is wrong.
 #include "fa/problem.hpp"
 
 #include <cmath>

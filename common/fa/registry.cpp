@@ -1,3 +1,5 @@
+/// @file registry.cpp
+/// @brief The registry: every step of the course, in order.
 // The registry: every step of the course in order. A step's .cu file exports a
 // Launcher per variant (its launch function and the dtypes, head_dims, minimum
 // GPU and alignment of its compile-time Support); the entry below says what the

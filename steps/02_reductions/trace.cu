@@ -1,3 +1,5 @@
+/// @file trace.cu
+/// @brief Step 02's second lesson: the trace of a matrix, and what moving data costs.
 // Step 02, second lesson: the trace of a matrix, and what moving data costs.
 //
 // The kernel is the textbook reduction: a grid-stride loop lets a fixed grid

@@ -4,6 +4,8 @@
 
 #include "fa/registry.hpp"
 
+#include <cstdio>
+#include <exception>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -109,6 +111,15 @@ void refuse_unsupported(const StepInfo& step, const AttentionProblem& p) {
   if (!step.supports_head_dim(p.head_dim))
     throw std::invalid_argument("step " + step.label() + " takes head_dim " + head_dim_list(step) + ", not " +
                                 std::to_string(p.head_dim) + " (" + p.describe() + ")");
+}
+
+int main_guarded(const char* tool, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 1;
+  }
 }
 
 }  // namespace fa

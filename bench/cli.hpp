@@ -18,6 +18,9 @@ struct AttentionProblem;
 /// (fa-run --list, fa-bench --list).
 void print_step_list(std::ostream& out);
 
+/// A tool's main: runs `run` and turns an escaped exception into "tool: message" on stderr and exit 1.
+int main_guarded(const char* tool, int (*run)(int, char**), int argc, char** argv);
+
 /// Throws std::invalid_argument unless `step` takes p's dtype and head_dim, naming what it takes.
 void refuse_unsupported(const StepInfo& step, const AttentionProblem& p);
 

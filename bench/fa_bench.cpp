@@ -450,11 +450,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fa-bench: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return fa::main_guarded("fa-bench", run, argc, argv); }

@@ -145,11 +145,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fa-run: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return fa::main_guarded("fa-run", run, argc, argv); }

@@ -32,6 +32,10 @@ namespace step10 { Launcher launcher(); }
 namespace step11 { Launcher launcher(); Launcher launcher_f32(); }
 namespace step12 { Launcher launcher(); }
 namespace step13 { Launcher launcher(); }
+namespace step14 { Launcher launcher(); }
+namespace step15 { Launcher launcher(); }
+namespace step16 { Launcher launcher(); }
+namespace step17 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -86,6 +90,17 @@ const std::vector<StepInfo>& all_steps() {
        step12::launcher()},
       {"13", "", "causal_order", "causal: the Q tiles with the most K/V tiles start first (longest job first)",
        step13::launcher()},
+      {"14", "", "warp_tiling",
+       "FlashAttention-2's warp tiling: 32 rows per warp, so every K/V fragment feeds two mmas; Br = 128",
+       step14::launcher()},
+      {"15", "", "mask_specialization",
+       "tiles that need no mask run a copy of the tile body compiled without mask code; the rest run the masked one",
+       step15::launcher()},
+      {"16", "", "fma_exp", "the row max over raw scores, so each exponent is one FFMA: 2^(x c - m c)",
+       step16::launcher()},
+      {"17", "", "two_stage_pipeline",
+       "two K/V stages: tile j+1 loads during all of tile j; one barrier per tile instead of two",
+       step17::launcher()},
   };
   return steps;
 }

@@ -30,8 +30,8 @@ constexpr int kWarpRows = kMTiles * kRowsPerWarp;  ///< 32 query rows per warp
 constexpr int Br = kWarps * kWarpRows;             ///< 128 query rows per block
 
 /// Keys per K/V tile: 64 at d = 64 and 32 at d = 128, so that S (kMTiles x Bc / 8 fragments) and O
-/// (kMTiles x D / 8) together hold 128 or 160 floats per lane and nothing spills (FlashAttention-2's
-/// 128 and 64 hold 192 and spill here: the README's register table).
+/// (kMTiles x D / 8) together hold 128 or 160 floats per lane: no spill at d = 64, 4-16 bytes at d = 128
+/// (ptxas, sm_90). FlashAttention-2's 128 and 64 hold 192 and spill 88-220 bytes here.
 template <int D>
 constexpr int kv_tile() {
   return D == 64 ? 64 : 32;

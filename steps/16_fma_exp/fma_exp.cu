@@ -268,8 +268,8 @@ fma_exp_kernel(kit::Heads<T, D> s, float scale_log2) {
 
   // The tiles no row of the block needs masked come first: every key below
   // kv_len and, when causal, at or before the block's first row i0. Only the
-  // last tile (when kv_len is not a multiple of Bc) and, when causal, the one
-  // or two tiles crossing the block's diagonal are left for the masked copy.
+  // last tile (when kv_len is not a multiple of Bc) and, when causal, the Br/Bc
+  // tiles (2 or 4) crossing the block's diagonal are left for the masked copy.
   int unmasked_tiles = min(Tc, s.kv_len / Bc);
   if (s.causal) unmasked_tiles = min(unmasked_tiles, (i0 + 1) / Bc);
   int j = 0;

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Static SASS instruction counts per kernel: what each step's idea turned into in the binary.
 
-    python3 bench/sass_counts.py [--build build] [--steps 08,09,10,11,12,13] [--csv FILE]
+    python3 bench/sass_counts.py [--build build] [--steps 08,...,17] [--csv FILE]
 
 Runs `cuobjdump -sass` on each step's library (build/steps/NN_*/libfa_step_*.a; no GPU needed), and
 counts, per kernel, the instructions the course's steps are about: HMMA (tensor-core mma), LDSM and
 LDSM.T (ldmatrix, ldmatrix.trans), LDGSTS (cp.async), MUFU.EX2 (ex2.approx), FMUL/FFMA/FADD, BAR
 (__syncthreads), and LDL/STL (local memory: register spills). Static counts in the binary, not executed
-counts: a loop body counts once. Kernel names are demangled with cu++filt or c++filt when found.
+counts: a loop body counts once. Each kernel has a row for the whole kernel (part "kernel") and one per loop
+body (part "loop 1", "loop 2", ... in address order: the instructions from a backward branch's target to the
+branch), which is where the READMEs' "instructions per warp and tile" come from. Kernel names are demangled
+with cu++filt or c++filt when found.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ COUNTED = {  # column -> what in an instruction's opcode counts for it
     "BAR": r"^BAR\.SYNC",
     "LDL/STL": r"^(LDL|STL)\b",
 }
-OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+OPCODE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)")
+BACKWARD_TARGET = re.compile(r"(0x[0-9a-f]+)")
 
 
 def demangle(names: list[str]) -> list[str]:
@@ -42,42 +46,61 @@ def demangle(names: list[str]) -> list[str]:
     return [re.sub(r"^fa::step\d+::\(anonymous namespace\)::", "", o) for o in out] if len(out) == len(names) else names
 
 
-def counts(library: str, cuobjdump: str) -> list[tuple[str, str, dict[str, int]]]:
+def tally(opcodes: list[str]) -> dict[str, int]:
+    """The COUNTED columns over a list of opcodes, plus "instructions": how many there are."""
+    out = {c: sum(1 for op in opcodes if re.match(pattern, op)) for c, pattern in COUNTED.items()}
+    out["instructions"] = len(opcodes)
+    return out
+
+
+def parts(code: list[tuple[int, str, str]]) -> list[tuple[str, dict[str, int]]]:
+    """The whole kernel, then each loop body: from a backward BRA's target to the BRA itself."""
+    index = {address: i for i, (address, _, _) in enumerate(code)}
+    found = [("kernel", tally([op for _, op, _ in code]))]
+    for i, (address, op, operands) in enumerate(code):
+        if op.startswith("BRA") and (m := BACKWARD_TARGET.search(operands)):
+            target = int(m.group(1), 16)
+            if target < address and target in index:
+                body = [o for _, o, _ in code[index[target]:i + 1]]
+                found.append((f"loop {len(found)}", tally(body)))
+    return found
+
+
+def counts(library: str, cuobjdump: str) -> list[tuple[str, str, str, dict[str, int]]]:
     sass = subprocess.run([cuobjdump, "-sass", library], capture_output=True, text=True, check=True).stdout
-    found, arch, kernel, tally = [], "?", None, {}
+    kernels, arch, kernel, code = [], "?", None, []
     for line in sass.splitlines():
         if m := re.search(r"arch = (sm_\d+)", line):
             arch = m.group(1)
         elif m := re.search(r"Function : (\S+)", line):
             if kernel:
-                found.append((kernel, arch, tally))
-            kernel, tally = m.group(1), {c: 0 for c in COUNTED}
+                kernels.append((kernel, arch, code))
+            kernel, code = m.group(1), []
         elif kernel and (m := OPCODE.search(line)):
-            for column, pattern in COUNTED.items():
-                if re.match(pattern, m.group(1)):
-                    tally[column] += 1
+            code.append((int(m.group(1), 16), m.group(2), m.group(3)))
     if kernel:
-        found.append((kernel, arch, tally))
-    names = demangle([k for k, _, _ in found])
-    return [(n, a, t) for n, (_, a, t) in zip(names, found)]
+        kernels.append((kernel, arch, code))
+    names = demangle([k for k, _, _ in kernels])
+    return [(n, a, part, t) for n, (_, a, code) in zip(names, kernels) for part, t in parts(code)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
-    parser.add_argument("--steps", default="08,09,10,11,12,13")
+    parser.add_argument("--steps", default="08,09,10,11,12,13,14,15,16,17")
     parser.add_argument("--csv", help="write here as well as to stdout")
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = parser.parse_args(argv)
-    rows = ["step,kernel,arch," + ",".join(COUNTED)]
+    columns = [*COUNTED, "instructions"]
+    rows = ["step,kernel,arch,part," + ",".join(columns)]
     for step in args.steps.split(","):
         libraries = sorted(glob.glob(os.path.join(args.build, "steps", f"{step}_*", "libfa_step_*.a")))
         if not libraries:
             print(f"sass_counts: no library for step {step} under {args.build}/steps (build it first)", file=sys.stderr)
             return 1
         for library in libraries:
-            for kernel, arch, tally in counts(library, args.cuobjdump):
-                rows.append(f'{step},"{kernel}",{arch},' + ",".join(str(tally[c]) for c in COUNTED))
+            for kernel, arch, part, numbers in counts(library, args.cuobjdump):
+                rows.append(f'{step},"{kernel}",{arch},{part},' + ",".join(str(numbers[c]) for c in columns))
     text = "\n".join(rows) + "\n"
     sys.stdout.write(text)
     if args.csv:

@@ -32,26 +32,20 @@ __device__ __forceinline__ void cp_async_wait() {
 /// head + r * stride) into a swizzled Rows x D shared tile; rows at or past
 /// `len` are zero-filled. Consecutive threads take consecutive 16-byte chunks
 /// of a row, so the global reads are coalesced and each 8-thread store phase
-/// covers one row's 8 chunks, permuted: conflict-free. A thread keeps one chunk
-/// column and steps down the tile kThreads / (D / 8) rows at a time, so its
-/// addresses are one pointer plus compile-time multiples of the stride (few
-/// registers, which the larger tiles of steps 14 on need).
+/// covers one row's 8 chunks, permuted: conflict-free.
 template <int Rows, int D, int kThreads, class T>
 __device__ __forceinline__ void load_tile_async(std::uint32_t tile, const T* head, int row0, int len, int stride,
                                                 int tid) {
   constexpr int kChunksPerRow = D / kChunkElems;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // rows the block covers per pass
-  static_assert(kThreads % kChunksPerRow == 0 && Rows % kRowsPerPass == 0,
-                "every thread copies the same number of chunks");
-  const int row = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-  const T* src = head + (row0 + row) * stride + chunk * kChunkElems;
-  const int rows_left = len - row0 - row;  // this thread's rows at or past len are zero-filled
+  static_assert(Rows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
-  for (int pass = 0; pass < Rows / kRowsPerPass; ++pass) {
-    const bool in_range = pass * kRowsPerPass < rows_left;
+  for (int it = 0; it < Rows * kChunksPerRow / kThreads; ++it) {
+    const int e = it * kThreads + tid;
+    const int row = e / kChunksPerRow, chunk = e % kChunksPerRow;
+    const bool in_range = row0 + row < len;
     // Out-of-range rows read nothing, but still name a valid address.
-    cp_async_16(tile + swizzled_offset<D>(row + pass * kRowsPerPass, chunk),
-                in_range ? src + pass * kRowsPerPass * stride : head, in_range ? 16 : 0);
+    const T* src = head + (in_range ? (row0 + row) * stride + chunk * kChunkElems : 0);
+    cp_async_16(tile + swizzled_offset<D>(row, chunk), src, in_range ? 16 : 0);
   }
 }
 

@@ -3,10 +3,13 @@
 // cores, set the pace. Here each warp owns 32 rows, two m16 tiles stacked, and every K and V fragment
 // feeds two mmas, halving the shared-memory reads per FLOP. The block grows to Br = 128 rows (4 warps);
 // the doubled O and S accumulators take the registers that held Q, so Q's fragments are read from
-// shared memory at each k-step instead, a cost shared by all Bc keys of the tile.
+// shared memory at each k-step instead, a cost shared by all Bc keys of the tile. The tile loader
+// (load_rows.cuh, beside this file) addresses its copies with fewer registers than step 10's, which
+// the larger accumulators need.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"
+#include "14_warp_tiling/load_rows.cuh"
 #include "fa/kit.cuh"
 
 #include <cstdint>
@@ -89,9 +92,9 @@ warp_tiling_kernel(kit::Heads<T, D> s, float scale_log2) {
   const int Tc = (kv_end + Bc - 1) / Bc;
 
   // Q_i and K_0 start on their way together; Q_i is needed first.
-  load_tile_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
+  load_rows_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
   cp_async_commit();
-  load_tile_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
+  load_rows_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
   cp_async_commit();
 
   // Per lane: O for rows g, g+8 of each m16 tile as kOutTiles C fragments; m and
@@ -130,7 +133,7 @@ warp_tiling_kernel(kit::Heads<T, D> s, float scale_log2) {
     // K_j has landed, and every warp is done reading V_{j-1}: V_j may overwrite it.
     cp_async_wait<0>();
     __syncthreads();
-    load_tile_async<Bc, D, kThreads>(V_tile, V_head, kv0, s.kv_len, kv_stride, tid);
+    load_rows_async<Bc, D, kThreads>(V_tile, V_head, kv0, s.kv_len, kv_stride, tid);
     cp_async_commit();
 
     // S = Q_i K_j^T. K_j is [key][d] row-major, i.e. B = K_j^T stored "col": a
@@ -161,7 +164,7 @@ warp_tiling_kernel(kit::Heads<T, D> s, float scale_log2) {
     // while this tile's softmax and P V_j run.
     cp_async_wait<0>();
     __syncthreads();
-    if (j + 1 < Tc) load_tile_async<Bc, D, kThreads>(K_tile, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
+    if (j + 1 < Tc) load_rows_async<Bc, D, kThreads>(K_tile, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
     cp_async_commit();
 
     // Scale into log2 units, then mask with -inf only on tiles that need it:

@@ -7,6 +7,7 @@
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"
+#include "14_warp_tiling/load_rows.cuh"
 #include "fa/kit.cuh"
 
 #include <cstdint>
@@ -91,9 +92,9 @@ fma_exp_kernel(kit::Heads<T, D> s, float scale_log2) {
   const int Tc = (kv_end + Bc - 1) / Bc;
 
   // Q_i and K_0 start on their way together; Q_i is needed first.
-  load_tile_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
+  load_rows_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
   cp_async_commit();
-  load_tile_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
+  load_rows_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
   cp_async_commit();
 
   // Per lane: O for rows g, g+8 of each m16 tile as kOutTiles C fragments; m and
@@ -137,7 +138,7 @@ fma_exp_kernel(kit::Heads<T, D> s, float scale_log2) {
     // K_j has landed, and every warp is done reading V_{j-1}: V_j may overwrite it.
     cp_async_wait<0>();
     __syncthreads();
-    load_tile_async<Bc, D, kThreads>(V_tile, V_head, kv0, s.kv_len, kv_stride, tid);
+    load_rows_async<Bc, D, kThreads>(V_tile, V_head, kv0, s.kv_len, kv_stride, tid);
     cp_async_commit();
 
     // S = Q_i K_j^T. K_j is [key][d] row-major, i.e. B = K_j^T stored "col": a
@@ -168,7 +169,7 @@ fma_exp_kernel(kit::Heads<T, D> s, float scale_log2) {
     // while this tile's softmax and P V_j run.
     cp_async_wait<0>();
     __syncthreads();
-    if (j + 1 < Tc) load_tile_async<Bc, D, kThreads>(K_tile, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
+    if (j + 1 < Tc) load_rows_async<Bc, D, kThreads>(K_tile, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
     cp_async_commit();
 
     // Without kRawMax, scale into log2 units; then, in the masked copy only,

@@ -7,6 +7,7 @@
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"
+#include "14_warp_tiling/load_rows.cuh"
 #include "fa/kit.cuh"
 
 #include <cstdint>
@@ -95,9 +96,9 @@ two_stage_pipeline_kernel(kit::Heads<T, D> s, float scale_log2) {
   const int Tc = (kv_end + Bc - 1) / Bc;
 
   // Q_i, K_0 and V_0 start on their way together, into stage 0.
-  load_tile_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
-  load_tile_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
-  load_tile_async<Bc, D, kThreads>(V_tile, V_head, 0, s.kv_len, kv_stride, tid);
+  load_rows_async<Br, D, kThreads>(Q_tile, Q_head, i0, s.q_len, q_stride, tid);
+  load_rows_async<Bc, D, kThreads>(K_tile, K_head, 0, s.kv_len, kv_stride, tid);
+  load_rows_async<Bc, D, kThreads>(V_tile, V_head, 0, s.kv_len, kv_stride, tid);
   cp_async_commit();
 
   // Per lane: O for rows g, g+8 of each m16 tile as kOutTiles C fragments; m and
@@ -146,8 +147,8 @@ two_stage_pipeline_kernel(kit::Heads<T, D> s, float scale_log2) {
     const std::uint32_t stage = (j % kStages) * kStageBytes;
     if (j + 1 < Tc) {
       const std::uint32_t next = ((j + 1) % kStages) * kStageBytes;
-      load_tile_async<Bc, D, kThreads>(K_tile + next, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
-      load_tile_async<Bc, D, kThreads>(V_tile + next, V_head, kv0 + Bc, s.kv_len, kv_stride, tid);
+      load_rows_async<Bc, D, kThreads>(K_tile + next, K_head, kv0 + Bc, s.kv_len, kv_stride, tid);
+      load_rows_async<Bc, D, kThreads>(V_tile + next, V_head, kv0 + Bc, s.kv_len, kv_stride, tid);
     }
     cp_async_commit();
 

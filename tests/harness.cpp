@@ -41,21 +41,26 @@ std::string Case::describe() const { return name + ": " + problem.describe(); }
 
 std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len) {
   std::vector<Case> out;
+  if (head_dims.empty()) return out;
+  // The table's head_dim: 64 where it is asked for, else the first one asked for (a step without d = 64).
+  const int d0 = std::find(head_dims.begin(), head_dims.end(), 64) != head_dims.end() ? 64 : head_dims.front();
   auto shape = [&](const char* name, AttentionProblem p) { add(out, name, p, InputKind::uniform, dtypes, true, max_len); };
-  shape("the smallest problem", problem(1, 1, 1, 1, 1, 64));
-  shape("shorter than any tile", problem(2, 7, 7, 2, 2, 64));
-  shape("GQA 8/2, a length no tile divides", problem(1, 100, 100, 8, 2, 64));
-  shape("MQA 8/1, many tiles", problem(1, 1000, 1000, 8, 1, 64));
-  shape("q_len > kv_len", problem(2, 100, 37, 4, 4, 64));
-  shape("q_len < kv_len", problem(1, 33, 257, 4, 2, 64));
-  shape("a single key", problem(1, 50, 1, 2, 1, 64));
-  shape("custom scale, batch 3", problem(3, 129, 65, 2, 1, 64, 0.3f));
+  shape("the smallest problem", problem(1, 1, 1, 1, 1, d0));
+  shape("shorter than any tile", problem(2, 7, 7, 2, 2, d0));
+  shape("GQA 8/2, a length no tile divides", problem(1, 100, 100, 8, 2, d0));
+  shape("MQA 8/1, many tiles", problem(1, 1000, 1000, 8, 1, d0));
+  shape("q_len > kv_len", problem(2, 100, 37, 4, 4, d0));
+  shape("q_len < kv_len", problem(1, 33, 257, 4, 2, d0));
+  shape("a single key", problem(1, 50, 1, 2, 1, d0));
+  shape("custom scale, batch 3", problem(3, 129, 65, 2, 1, d0, 0.3f));
+  // A negative scale is valid: the smallest q.k weigh most, and max(scale x) is scale times min(x).
+  shape("negative scale: the smallest scores weigh most", problem(1, 129, 200, 2, 1, d0, -0.25f));
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
-    if (d == 64) continue;
+    if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
     shape("another head_dim, MQA, q_len > kv_len", problem(1, 300, 129, 8, 1, d));
   }
-  // Only the head_dims asked for (the table above is written at d = 64).
+  // Only the head_dims asked for.
   out.erase(std::remove_if(out.begin(), out.end(),
                            [&](const Case& c) {
                              return std::find(head_dims.begin(), head_dims.end(), c.problem.head_dim) ==

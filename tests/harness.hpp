@@ -32,9 +32,10 @@ struct Case {
 };
 
 /// The shape table: lengths 1, 7, 100 and 1000, lengths no tile size divides, q_len != kv_len both
-/// ways, GQA 8/2 and MQA 8/1, a custom scale, batch 3; at head_dim 64 and two shapes at every other
-/// head_dim in `head_dims`; each for every dtype in `dtypes`, causal off and on. Shapes longer than
-/// max_len (> 0) are left out (sanitizer runs).
+/// ways, GQA 8/2 and MQA 8/1, a custom scale, a negative scale, batch 3; at head_dim 64 (or, when
+/// `head_dims` lacks 64, its first) and two shapes at every other head_dim in `head_dims`; each for
+/// every dtype in `dtypes`, causal off and on. Shapes longer than max_len (> 0) are left out
+/// (sanitizer runs).
 std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
 
 /// Inputs that stress the numerics, at one head_dim (64 where the step takes it): logits of standard

@@ -32,10 +32,11 @@ TEST_CASE("the minimum GPU architecture is registry data, refused with both arch
   CHECK_NOTHROW(kit::check_arch("step 09", 90, 80));
   CHECK_NOTHROW(kit::check_arch("step 01", 50, 0));
   // Every step from 09 on (the tensor-core steps, and step 11's FP32 variant, built in the same
-  // library) says it needs sm_80; the steps before run anywhere.
+  // library) says it needs sm_80, except step 19, FP32 on the CUDA cores again; the steps before
+  // 09 run anywhere. (Step 19's 195 KiB of shared memory per block is checked at launch.)
   for (const StepInfo& step : all_steps()) {
     INFO("step " << step.label());
-    const bool tensor_cores = step.id >= "09";
+    const bool tensor_cores = step.id >= "09" && step.id != "19";
     CHECK(step.min_arch == (tensor_cores ? 80 : 0));
     CHECK(step.min_gpu() == (tensor_cores ? "sm_80" : "any"));
   }

@@ -36,6 +36,8 @@ namespace step14 { Launcher launcher(); }
 namespace step15 { Launcher launcher(); }
 namespace step16 { Launcher launcher(); }
 namespace step17 { Launcher launcher(); }
+namespace step18 { Launcher launcher(); }
+namespace step19 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -101,6 +103,12 @@ const std::vector<StepInfo>& all_steps() {
       {"17", "", "two_stage_pipeline",
        "two K/V stages: tile j+1 loads during all of tile j; one barrier per tile instead of two",
        step17::launcher()},
+      {"18", "", "conditional_rescale",
+       "O is rescaled only when a row max grew (one warp vote), which lets d = 128 take Bc = 64 keys per tile",
+       step18::launcher()},
+      {"19", "", "fp32_column_split",
+       "FP32 at d = 128: 256 threads split O's columns, and the next K/V tile is prefetched into registers",
+       step19::launcher()},
   };
   return steps;
 }

@@ -83,6 +83,13 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
          InputKind::offset_1000);
   stress("scale = 0: the mean of V's visible rows", problem(2, 100, 131, 4, 2, d, 0), InputKind::zero_scale);
   stress("one key dominates: its V row is the output", problem(2, 100, 131, 4, 2, d), InputKind::dominant_key);
+  // At every other head_dim, wide logits (the max grows often: rescales) and a long key sequence (it
+  // rarely does: step 18 skips them), so a head_dim's own tile code meets both.
+  for (int d2 : std::set<int>(head_dims.begin(), head_dims.end())) {
+    if (d2 == d) continue;
+    stress("another head_dim: logits of standard deviation 10", problem(2, 300, 300, 4, 2, d2), InputKind::wide_10);
+    stress("another head_dim: kv_len = 4099", problem(1, 130, 4099, 2, 1, d2), InputKind::uniform, false);
+  }
   // Long sequences, asserted. Under top-left causal masking a row i sees i + 1 keys, so a long key
   // sequence with few query rows is tested without the mask, and the mask on a long square.
   stress("kv_len = 16411", problem(1, 130, 16411, 2, 1, d), InputKind::uniform, false);

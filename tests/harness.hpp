@@ -40,7 +40,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
 
 /// Inputs that stress the numerics, at one head_dim (64 where the step takes it): logits of standard
 /// deviation 10 and 30, +1000 on every score, scale = 0, one dominant key, kv_len = 16411 and decode
-/// (q_len = 1) over it, and a causal 4099 x 4099; each for every dtype in `dtypes`.
+/// (q_len = 1) over it, and a causal 4099 x 4099; at every other head_dim in `head_dims`, logits of
+/// standard deviation 10 and kv_len = 4099; each for every dtype in `dtypes`.
 /// Top-left causal masking leaves every row at least key 0, so no row is fully masked.
 std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
 

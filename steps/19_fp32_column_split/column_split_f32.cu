@@ -1,5 +1,5 @@
 // Step 19 (FP32, d = 128): two warps per scheduler. Step 11's FP32 kernel (exp2_softmax_f32.cu, which
-// this file starts from) runs one 128-thread block per SM at d = 128: Q, K, V and P take 164 KiB of
+// this file starts from) runs one 128-thread block per SM at d = 128: Q, K, V and P take 162 KiB of
 // shared memory, so each of the SM's four schedulers has a single warp to issue from, and every
 // shared-memory or global load stalls it. Here one block of 256 threads shares the same Q, K and V
 // tiles: the 16 threads of a row now split S's 64 keys (4 each) and O's 128 columns (8 each), half of
@@ -20,9 +20,11 @@ using tc::kLog2e;
 
 /// What this step accepts: every tensor row is read and written in 16-byte (f32) or 8-byte (f16)
 /// vectors, so the tensors must be 16-byte aligned. d = 128 only: the layout is for the head dim
-/// where step 11's FP32 kernel is left with one warp per scheduler (d = 32 and 64 run there). Its
-/// 195 KiB of shared memory fit sm_90 (227 KiB per block); kit::launch refuses GPUs with less.
+/// where step 11's FP32 kernel is left with one warp per scheduler (d = 32 and 64 run there). The
+/// kernel uses nothing newer than FP32 FMAs, but its 195 KiB of shared memory per block fit sm_90
+/// (227 KiB) and not sm_80 (163 KiB) or sm_86/89 (99 KiB), so it asks for sm_90.
 struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<128>> {
+  static constexpr int min_arch = 90;           ///< 195 KiB of shared memory per block
   static constexpr int pointer_alignment = 16;  ///< 16-byte vector loads and stores
 };
 
@@ -76,13 +78,13 @@ __device__ void store4(__half* p, float4 v) {
 /// An aligned float4 read from shared memory.
 __device__ float4 shared4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
-/// Max over the 8 lanes that share this lane's rows (lanes 4 apart); all get it.
+/// Max over the 16 lanes that share this lane's rows (lanes 2 apart); all get it.
 __device__ float row_group_max(float value) {
   for (int offset = kRowGroupsPerWarp; offset < 32; offset *= 2)
     value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
   return value;
 }
-/// Sum over the 8 lanes that share this lane's rows; all get it.
+/// Sum over the 16 lanes that share this lane's rows; all get it.
 __device__ float row_group_sum(float value) {
   for (int offset = kRowGroupsPerWarp; offset < 32; offset *= 2)
     value += __shfl_xor_sync(kFullMask, value, offset);
@@ -253,7 +255,7 @@ column_split_f32_kernel(kit::Heads<T, D> s, float scale_log2) {
       }
     }
 
-    // Online softmax per row, in registers. The row max is joined over the 8
+    // Online softmax per row, in registers. The row max is joined over the 16
     // threads sharing the row (they must agree on m: each forms O columns from
     // all of the row's P). m_safe = 0 for a row with no valid key yet keeps
     // 2^(-inf - m) at 0 instead of NaN. l is rescaled like O and summed later.
@@ -277,8 +279,10 @@ column_split_f32_kernel(kit::Heads<T, D> s, float scale_log2) {
     }
 
     // P to shared memory, transposed: P_T[x][r], four rows per float4. With the
-    // lane order above and rows padded to Br + 4 words, each quarter-warp's
-    // eight 16-byte stores land on eight different groups of four banks.
+    // lane order above and rows padded to Br + 4 words, a quarter-warp's eight
+    // 16-byte stores fall on four groups of four banks, two stores each (key
+    // groups tx and tx + 2 land 16 words apart modulo 32): a 2-way conflict, on
+    // 8 stores per thread per tile.
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
       float* column = &P_T[key_in_tile(tx, n) * kPStride + 4 * ty];
@@ -321,7 +325,7 @@ column_split_f32_kernel(kit::Heads<T, D> s, float scale_log2) {
     __syncthreads();  // K_T, V_j and P_T are read before the next tile overwrites them
   }
 
-  // Join each row's l over its 8 threads, normalise once, store float4 groups.
+  // Join each row's l over its 16 threads, normalise once, store float4 groups.
   // Top-left causal masking leaves every row at least key 0, so l > 0.
 #pragma unroll
   for (int i = 0; i < TM; ++i) {

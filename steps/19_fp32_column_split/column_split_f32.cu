@@ -4,8 +4,9 @@
 // shared-memory or global load stalls it. Here one block of 256 threads shares the same Q, K and V
 // tiles: the 16 threads of a row now split S's 64 keys (4 each) and O's 128 columns (8 each), half of
 // what a thread held before. The registers that frees hold a prefetch: tile j + 1's K and V are loaded
-// from global memory into registers during tile j and stored to shared memory after its S (K) and P
-// (V, into a second V buffer) are done, so the loads no longer stall the block. At d = 64, where step
+// from global memory into registers at the top of tile j and stored to shared memory once its S and
+// softmax are done (K over K_j, V into a second V buffer), so the loads overlap that work instead of
+// stalling the block. At d = 64, where step
 // 11's kernel already fits two blocks per SM, this layout measured slower; this step takes d = 128.
 #include "11_exp2_softmax/exp2.cuh"
 #include "fa/kit.cuh"
@@ -217,7 +218,7 @@ column_split_f32_kernel(kit::Heads<T, D> s, float scale_log2) {
   for (int tile = 0; tile < Tc; ++tile) {
     const int kv0 = tile * Bc;
     const bool has_next = tile + 1 < Tc;
-    if (has_next) fetch(kv0 + Bc);  // in flight during this tile's S, softmax and P V
+    if (has_next) fetch(kv0 + Bc);  // in flight during this tile's S and softmax
 
     // S = Q_i K_j^T as a sum of outer products over k: per k, two float4 of
     // Q_T[k][.] (this thread's 8 rows) and one of K_T[k][.] (its 4 keys), then

@@ -262,7 +262,7 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
               "regs/thr", "blocks/SM", "warps/SM", "occupancy");
   int rows = 0;
   for (const StepInfo* step : steps) {
-    if (step->min_arch > kit::device_arch()) {
+    if (!step->runs_on(kit::device_arch())) {
       std::fprintf(stderr, "  skip %s: needs %s\n", step->label().c_str(), step->min_gpu().c_str());
       continue;
     }
@@ -376,7 +376,7 @@ int run(int argc, char** argv) {
           auto skip = [&](const std::string& why) {
             std::fprintf(stderr, "  skip %s: %s\n", step->label().c_str(), why.c_str());
           };
-          if (step->min_arch > device_arch) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
+          if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
           if (!step->supports(dtype)) { skip(std::string("does not support ") + to_string(dtype)); continue; }
           if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
           if (auto it = last_measured.find(step); it != last_measured.end()) {

@@ -35,7 +35,7 @@ void skip(const std::string& reason) {
 
 bool runs_here(const StepInfo& step, bool count_as_skip) {
   static const int arch = kit::device_arch();
-  if (arch >= step.min_arch) return true;
+  if (step.runs_on(arch)) return true;
   const std::string reason = step.label() + " needs " + step.min_gpu() + "; this GPU is sm_" + std::to_string(arch);
   if (count_as_skip) skip(reason);
   else WARN("not run: " + reason);

@@ -77,10 +77,13 @@ int main(int argc, char** argv) {
       return 77;
     }
     std::printf("GPU: %s, seed %llu\n\n", gpu_name().c_str(), static_cast<unsigned long long>(options.seed));
-    const int arch = kit::device_arch(), needs = ex.launchers.front().second.min_arch;
-    if (arch < needs) {
-      std::printf("this exercise needs a GPU of sm_%d or newer; this one is sm_%d: grade it on another GPU\n",
-                  needs, arch);
+    const int arch = kit::device_arch();
+    const Launcher& first = ex.launchers.front().second;
+    if (first.arch_specific ? arch != first.min_arch : arch < first.min_arch) {
+      const std::string needs = "sm_" + std::to_string(first.min_arch) +
+                                (first.arch_specific ? " exactly (it is built for sm_" + std::to_string(first.min_arch) + "a)"
+                                                     : " or newer");
+      std::printf("this exercise needs a GPU of %s; this one is sm_%d: grade it on another GPU\n", needs.c_str(), arch);
       return 77;
     }
 

@@ -31,14 +31,23 @@ TEST_CASE("the minimum GPU architecture is registry data, refused with both arch
   CHECK_THROWS_WITH(kit::check_arch("step 09", 75, 80), Contains("sm_75") && Contains("sm_80 or newer"));
   CHECK_NOTHROW(kit::check_arch("step 09", 90, 80));
   CHECK_NOTHROW(kit::check_arch("step 01", 50, 0));
+  // Code built for sm_90a (wgmma) runs on sm_90 alone: a newer GPU is refused too.
+  CHECK_NOTHROW(kit::check_arch("step 20", 90, 90, true));
+  CHECK_THROWS_WITH(kit::check_arch("step 20", 100, 90, true), Contains("sm_100") && Contains("sm_90 only"));
+  CHECK_THROWS_WITH(kit::check_arch("step 20", 80, 90, true), Contains("sm_80") && Contains("sm_90 only"));
   // Every step from 09 on (the tensor-core steps, and step 11's FP32 variant, built in the same
   // library) says it needs sm_80, except step 19, FP32 on the CUDA cores again, whose 195 KiB of
-  // shared memory per block need sm_90; the steps before 09 run anywhere.
+  // shared memory per block need sm_90, and the Hopper steps from 20 on, built for sm_90a; the steps
+  // before 09 run anywhere.
   for (const StepInfo& step : all_steps()) {
     INFO("step " << step.label());
-    const int expected = step.id == "19" ? 90 : step.id >= "09" ? 80 : 0;
+    const bool hopper = step.id >= "20";
+    const int expected = step.id == "19" || hopper ? 90 : step.id >= "09" ? 80 : 0;
     CHECK(step.min_arch == expected);
-    CHECK(step.min_gpu() == (expected ? "sm_" + std::to_string(expected) : std::string("any")));
+    CHECK(step.arch_specific == hopper);
+    CHECK(step.min_gpu() == (expected ? "sm_" + std::to_string(expected) + (hopper ? "a" : "") : std::string("any")));
+    CHECK(step.runs_on(90));
+    CHECK(step.runs_on(100) == !hopper);
   }
 }
 

@@ -117,8 +117,8 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
                          ": needs a workspace of the size its registry entry's workspace_bytes() gives; got none");
 }
 
-LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch)
-    : step(step_name), problem(p), min_arch(arch), previous_(g_scope) {
+LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch, bool specific)
+    : step(step_name), problem(p), min_arch(arch), arch_specific(specific), previous_(g_scope) {
   g_scope = this;
 }
 
@@ -130,7 +130,11 @@ int device_arch() {
   return device_info(device).arch;
 }
 
-void check_arch(const char* step, int device, int min_arch) {
+void check_arch(const char* step, int device, int min_arch, bool arch_specific) {
+  if (arch_specific && device != min_arch)
+    throw_unsupported(step, "GPU architecture", arch_name(device),
+                      arch_name(min_arch) + " only (the step is built for " + arch_name(min_arch) +
+                          "a, whose instructions, such as wgmma, exist on that architecture alone)");
   if (device < min_arch)
     throw_unsupported(step, "GPU architecture", arch_name(device), arch_name(min_arch) + " or newer");
 }
@@ -150,7 +154,7 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
   const int device = current_device();
   const std::lock_guard<std::mutex> lock(g_mutex);
   const DeviceInfo& dev = device_info(device);
-  if (g_scope) check_arch(g_scope->step, dev.arch, g_scope->min_arch);
+  if (g_scope) check_arch(g_scope->step, dev.arch, g_scope->min_arch, g_scope->arch_specific);
 
   auto [it, first_use] = g_kernels.try_emplace({kernel, device});
   KernelInfo& info = it->second;

@@ -153,6 +153,7 @@ template <int... D> struct HeadDims {};
 ///     static constexpr int min_arch = 80;           // mma.sync needs sm_80
 ///     static constexpr int pointer_alignment = 16;  // 16-byte vector loads
 ///   };
+/// A step built for sm_90a (wgmma) also sets `arch_specific = true`: it then runs on sm_90 only.
 /// @endcode
 template <class DTypeList, class HeadDimList>
 struct Support;
@@ -165,13 +166,16 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
   static constexpr int min_arch = 0;            ///< lowest compute capability, 10 * major + minor; 0: any
   static constexpr int pointer_alignment = 0;   ///< bytes Q, K, V, O must be aligned to; 0: any
   static constexpr bool needs_workspace = false;  ///< the launcher needs the registry's workspace
+  /// Built for an architecture-specific target (sm_90a: wgmma, setmaxnreg), whose code runs on exactly
+  /// min_arch and on no later GPU.
+  static constexpr bool arch_specific = false;
 };
 /// @endcond
 
 /// What the registry lists for a step's launch function `launch` with support S.
 template <class S, class... T, int... D>
 Launcher launcher_of(LaunchFn launch, WorkspaceFn workspace, DTypes<T...>, HeadDims<D...>) {
-  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace};
+  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific};
 }
 /// What the registry lists for `launch`, read off the step's Support (and its workspace size, if any).
 template <class S>
@@ -220,7 +224,7 @@ void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* 
   validate(p);
   if (!lists(p, typename S::dtype_list{}, typename S::head_dim_list{})) refuse_unsupported(step, p, launcher<S>(nullptr));
   check_tensors(step, t, S::pointer_alignment, S::needs_workspace);
-  const LaunchScope scope(step, p, S::min_arch);
+  const LaunchScope scope(step, p, S::min_arch, S::arch_specific);
   dispatch_all(p, body, typename S::dtype_list{}, typename S::head_dim_list{});
 }
 

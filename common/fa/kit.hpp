@@ -25,13 +25,14 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
 class LaunchScope {
  public:
   /// Makes this the current scope of the calling thread until it is destroyed.
-  LaunchScope(const char* step, const AttentionProblem& problem, int min_arch);
+  LaunchScope(const char* step, const AttentionProblem& problem, int min_arch, bool arch_specific = false);
   ~LaunchScope();
   LaunchScope(const LaunchScope&) = delete;
   LaunchScope& operator=(const LaunchScope&) = delete;
   const char* step;                ///< "step 06"
   const AttentionProblem& problem;  ///< the problem being launched
   int min_arch;                    ///< the step's minimum compute capability (0: any)
+  bool arch_specific;              ///< the step runs on exactly min_arch (built for sm_90a)
 
  private:
   LaunchScope* previous_;
@@ -51,7 +52,8 @@ KernelResources resources(LaunchFn launch, const AttentionProblem& p);
 /// Compute capability of the current device, as 10 * major + minor (90 for an H100).
 int device_arch();
 /// Throws InvalidProblem unless a device of compute capability `device` (10 * major + minor) meets
-/// the step's minimum `min_arch`. The message names the GPU's and the step's architectures.
-void check_arch(const char* step, int device, int min_arch);
+/// the step's minimum `min_arch` (equals it, when `arch_specific`: code built for sm_90a runs on sm_90
+/// alone). The message names the GPU's and the step's architectures.
+void check_arch(const char* step, int device, int min_arch, bool arch_specific = false);
 
 }  // namespace fa::kit

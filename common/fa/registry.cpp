@@ -38,6 +38,7 @@ namespace step16 { Launcher launcher(); }
 namespace step17 { Launcher launcher(); }
 namespace step18 { Launcher launcher(); }
 namespace step19 { Launcher launcher(); }
+namespace step20 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -109,6 +110,9 @@ const std::vector<StepInfo>& all_steps() {
       {"19", "", "fp32_column_split",
        "FP32 at d = 128: 256 threads split O's columns, and the next K/V tile is prefetched into registers",
        step19::launcher()},
+      {"20", "", "wgmma_tma",
+       "Hopper: wgmma multiplies per warpgroup from shared memory; TMA copies tiles, counted on mbarriers",
+       step20::launcher()},
   };
   return steps;
 }
@@ -131,6 +135,7 @@ StepInfo::StepInfo(std::string id_, std::string variant_, std::string name_, std
       dtypes(launcher.dtypes),
       head_dims(launcher.head_dims),
       min_arch(launcher.min_arch),
+      arch_specific(launcher.arch_specific),
       pointer_alignment(launcher.pointer_alignment),
       workspace_bytes(launcher.workspace_bytes),
       high_precision_accumulation(high_precision),
@@ -146,7 +151,9 @@ bool StepInfo::supports_head_dim(int head_dim) const {
 
 std::string StepInfo::label() const { return variant.empty() ? id : id + "-" + variant; }
 
-std::string StepInfo::min_gpu() const { return min_arch ? "sm_" + std::to_string(min_arch) : "any"; }
+std::string StepInfo::min_gpu() const {
+  return min_arch ? "sm_" + std::to_string(min_arch) + (arch_specific ? "a" : "") : "any";
+}
 
 KernelResources StepInfo::resources(const AttentionProblem& p) const {
   if (!reports_resources) throw std::logic_error(label() + " does not report kernel resources");

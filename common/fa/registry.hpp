@@ -33,6 +33,7 @@ struct Launcher {
   int min_arch = 0;             ///< lowest compute capability, 10 * major + minor (80 = sm_80); 0: any
   int pointer_alignment = 0;    ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
+  bool arch_specific = false;   ///< built for sm_<min_arch>a: runs on exactly min_arch
 };
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
@@ -49,6 +50,8 @@ struct StepInfo {
   std::vector<DType> dtypes;   ///< element types it accepts
   std::vector<int> head_dims;  ///< head dimensions it accepts
   int min_arch = 0;            ///< lowest compute capability (80 = sm_80); 0: any GPU
+  /// Built for an architecture-specific target (sm_90a, for wgmma): runs on min_arch and no other GPU.
+  bool arch_specific = false;
   int pointer_alignment = 0;   ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   /// Accumulates in more than float precision (step 07): the harness checks
@@ -63,8 +66,10 @@ struct StepInfo {
   bool supports_head_dim(int head_dim) const;
   /// "01", "05-pad4", "cublas".
   std::string label() const;
-  /// "sm_80", or "any" when the step runs on every CUDA GPU.
+  /// "sm_80" (or newer), "sm_90a" (exactly sm_90), or "any" when the step runs on every CUDA GPU.
   std::string min_gpu() const;
+  /// Whether the step runs on a GPU of compute capability `arch` (10 * major + minor).
+  bool runs_on(int arch) const { return arch_specific ? arch == min_arch : arch >= min_arch; }
   /// Scratch bytes for this problem (0 without a WorkspaceFn).
   std::size_t workspace_for(const AttentionProblem& p) const;
   /// Threads, shared memory, registers and resident blocks per SM of the kernel launch() would launch

@@ -66,6 +66,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[N][4]) {
 
 /// The 32 accumulator registers of an m64n64 tile, as PTX operands %0..%31 and as C++ operands d[8][4].
 #define FA_WGMMA_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+/// The same 32 registers as the C++ operands of the asm statement: "+f", read and written.
 #define FA_WGMMA_D64_OPERANDS \
     "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
     "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
@@ -77,6 +78,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[N][4]) {
     "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 /// The 64 accumulator registers of an m64n128 tile, as PTX operands %0..%63 and as C++ operands d[16][4].
 #define FA_WGMMA_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+/// The same 64 registers as the C++ operands of the asm statement: "+f", read and written.
 #define FA_WGMMA_D128_OPERANDS \
     "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
     "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \

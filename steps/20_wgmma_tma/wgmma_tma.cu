@@ -38,7 +38,7 @@ struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<
 /// its wgmma.
 constexpr int kWarpGroups = 2;                      ///< warpgroups per block
 constexpr int kGroupThreads = 4 * kWarpSize;        ///< 128 threads, 4 warps, in a warpgroup
-constexpr int kThreads = kWarpGroups * kGroupThreads;
+constexpr int kThreads = kWarpGroups * kGroupThreads;  ///< 256 threads per block
 constexpr int kGroupRows = 64;                      ///< query rows per warpgroup: wgmma's M
 constexpr int Br = kWarpGroups * kGroupRows;        ///< 128 query rows per block
 
@@ -65,7 +65,7 @@ constexpr int kStages = 2;
 /// Columns per chunk: 64 16-bit elements are 128 bytes, one row of the 128-byte swizzle. A tile of
 /// width D is stored as D / 64 chunks [rows][64], one after the other, each a copy-engine box.
 constexpr int kChunk = 64;
-constexpr int kChunkRowBytes = 128;
+constexpr int kChunkRowBytes = 128;  ///< bytes of one row of a chunk
 
 /// Dynamic shared memory: Q_i (Br x D), kStages K tiles and kStages V tiles (Bc x D), all 16-bit, then
 /// 1 + 2 kStages mbarriers; plus 1024 bytes to align the start to a swizzle atom.

@@ -39,6 +39,9 @@ namespace step17 { Launcher launcher(); }
 namespace step18 { Launcher launcher(); }
 namespace step19 { Launcher launcher(); }
 namespace step20 { Launcher launcher(); }
+namespace step21 { Launcher launcher(); }
+namespace step22 { Launcher launcher(); }
+namespace step23 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -113,6 +116,15 @@ const std::vector<StepInfo>& all_steps() {
       {"20", "", "wgmma_tma",
        "Hopper: wgmma multiplies per warpgroup from shared memory; TMA copies tiles, counted on mbarriers",
        step20::launcher()},
+      {"21", "", "warp_specialization",
+       "a producer warpgroup issues every copy, two consumers compute; full/empty mbarriers, setmaxnreg 24/240",
+       step21::launcher()},
+      {"22", "", "pingpong",
+       "the two consumer warpgroups take turns on the tensor cores (named barriers): one's softmax hides under the other's wgmmas",
+       step22::launcher()},
+      {"23", "", "intra_warpgroup_overlap",
+       "a warpgroup issues S_j and P V_{j-1} together and waits for S_j alone: its softmax runs under its own P V",
+       step23::launcher()},
   };
   return steps;
 }

@@ -11,7 +11,7 @@
 //     --max-len N  leave out cases longer than N (quick runs; the full grade has none)
 // A case whose kernel does not finish within FA_GRADE_TIMEOUT seconds (default 60) is reported as
 // hung and the grade stops there: in the warp-specialized steps a wrong barrier is a deadlock.
-// Exit status: 0 when every case passes, 1 when one fails or hangs, 77 without a GPU, 2 on bad options.
+// Exit status: 0 when every case passes, 1 when one fails, hangs or faults, 77 without a GPU, 2 on bad options.
 #include "grader.hpp"
 #include "harness.hpp"
 #include "mutants.hpp"
@@ -165,7 +165,16 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < cases.size(); ++i) {
         const test::Prepared& inputs = prepare(cases[i], options.seed + i);
         watchdog.start(cases[i].describe(), passed);
-        const Verdict v = test::run_case(step, cases[i], inputs);
+        Verdict v;
+        try {
+          v = test::run_case(step, cases[i], inputs);
+        } catch (const CudaError& e) {
+          // A faulting kernel (an mbarrier given more arrivals than it counts, an address out of
+          // range) leaves the GPU context unusable: no later case could run.
+          std::printf("[ERROR] %s\n       %s\n\n%d cases passed before it; the grade stops at a case whose kernel "
+                      "failed\n", cases[i].describe().c_str(), e.what(), passed);
+          return 1;
+        }
         watchdog.stop();
         std::printf("%s %s%s%s\n", v.passed() ? "[pass]" : "[FAIL]", cases[i].describe().c_str(),
                     v.passed() ? "" : "\n       ", v.passed() ? "" : v.describe().c_str());

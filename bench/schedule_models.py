@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scheduling models for steps 10-13: which work waits for what, in time units of a model.
+"""Scheduling models for steps 10-13 and 21-23: which work waits for what, in time units of a model.
 
 These are *models*, not measurements: every latency and cost is a parameter, every
 result is arithmetic on those parameters. The notebooks that go with the steps
@@ -32,11 +32,29 @@ computes.
   ``causal_launch_costs`` gives the blocks of a causal launch in blockIdx order,
   as step 12 maps them to Q tiles or reversed per head as step 13 does.
 
+* ``SM`` is a cycle model of one SM running the consumer warpgroups of steps 21-23
+  (notebooks 21_pingpong and 22_intra_warpgroup_overlap). Each warpgroup is a Python
+  generator of operations, in the order the kernel issues them:
+
+  * ``("wgmma", label, n, cycles)``: n wgmmas of ``cycles`` each, one commit group, issued to the tensor
+    cores (unit ``tc``), which run them in issue order; the warpgroup goes on at once.
+  * ``("wait_group", N)`` or ``("wait_group", N, latency)``: wait until at most the N newest of its groups
+    are unfinished (``wgmma.wait_group N``), plus an optional latency after the last one lands.
+  * ``("softmax", label, cycles)``: softmax work on the exponential/FP32 pipes (unit ``sfu``, shared by the
+    warpgroups unless ``SM(shared_softmax=False)``), split into pieces of ``quantum`` cycles.
+  * ``("sync", id)``, ``("arrive", id)``, ``("syncthreads",)``: named barrier ``id`` (``bar.sync`` /
+    ``bar.arrive`` of 256 threads) or barrier 0.
+
+  ``SM().run(programs)`` returns "done" or "deadlock: ..."; ``sm.log`` holds what ran when,
+  ``sm.busy()`` the tensor cores' busy fraction, and ``draw(ax, sm, title)`` draws it as a Gantt chart
+  on a matplotlib axis. Its costs are the notebooks' stated assumptions.
+
 Only numpy; import it (``import schedule_models``) from notebooks/tests.
 """
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -190,3 +208,191 @@ def causal_launch_costs(batch, heads, q_len, kv_len, reverse, br=BR, bc=BC):
     q_tile = tr - 1 - x if reverse else x
     per_head = kv_tiles(q_tile, q_len, kv_len, causal=True, br=br, bc=bc)
     return np.tile(per_head, batch * heads)
+
+
+# ---- Steps 21-23: the consumer warpgroups of one SM, cycle by cycle (notebooks 21, 22) ----
+
+kGroupThreads = 128                    # threads in a warpgroup
+kConsumerThreads = 2 * kGroupThreads   # the two consumers: a turn barrier's phase counts them
+kTurn = 1                              # named barrier kTurn + w is consumer w's turn (steps 22-23)
+
+
+class ProtocolError(Exception):
+    pass
+
+class NamedBarrier:
+    """bar.sync / bar.arrive with a thread count: a phase completes when `threads` threads have come; syncs wait."""
+    def __init__(self, bid, threads=kConsumerThreads):
+        self.bid, self.threads, self.count, self.members, self.phases = bid, threads, 0, [], []
+    def come(self, wg, kind, threads=kGroupThreads):
+        self.count += threads
+        self.members.append((wg, kind))
+        if self.count < self.threads:
+            return None
+        if self.count > self.threads:
+            raise ProtocolError(f"barrier {self.bid}: {self.count} threads in one phase of {self.threads}")
+        self.phases.append(tuple(self.members))
+        released = [w for w, k in self.members if k == "sync"]
+        self.count, self.members = 0, []
+        return released
+
+class Unit:
+    """An execution unit of the SM in the model: one piece of work at a time, in issue order.
+    `slots`: how many pieces may wait (None: any number); `per_wg`: pieces one warpgroup may have in it at once."""
+    def __init__(self, name, slots=None, per_wg=None):
+        self.name, self.slots, self.per_wg = name, slots, per_wg
+        self.queue, self.current, self.busy, self.last = deque(), None, [], None
+    def accepts(self, wg):
+        if self.slots is not None and len(self.queue) >= self.slots:
+            return False
+        mine = sum(p[0].wg == wg for p in self.queue) + (self.current is not None and self.current[0].wg == wg)
+        return self.per_wg is None or mine < self.per_wg
+
+class Group:
+    """A commit group of wgmmas, or one softmax: n pieces of `cycles` each."""
+    def __init__(self, wg, unit, label, n, cycles):
+        self.wg, self.unit, self.label, self.n, self.cycles = wg, unit, label, n, cycles
+        self.issued, self.left, self.start, self.end = 0, n, None, None
+
+class SM:
+    def __init__(self, tc_slots=None, quantum=32, shared_softmax=True):
+        self.units = {"tc": Unit("tc", slots=tc_slots), "sfu": Unit("sfu", per_wg=1),
+                      "sfu0": Unit("sfu0", per_wg=1), "sfu1": Unit("sfu1", per_wg=1)}
+        self.quantum, self.shared_softmax, self.now = quantum, shared_softmax, 0.0
+        self.bars = {0: NamedBarrier(0), kTurn: NamedBarrier(kTurn), kTurn + 1: NamedBarrier(kTurn + 1)}
+        self.log = []                                  # (wg, what, label, start, end): pieces run, waits, softmaxes
+        self.turns = []                                # (time, wg): a sync on a turn barrier released wg
+        self.timers = []                               # moments something happens outside the units (section 5)
+
+    def _op(self, w, op):
+        kind = op[0]
+        if kind == "wgmma":                            # issue n wgmmas, one commit group; async
+            g = Group(w["id"], "tc", op[1], op[2], op[3])
+            w["groups"].append(g)
+            w["state"] = ("issue", g)
+        elif kind == "softmax":
+            n = max(1, round(op[2] / self.quantum))
+            unit = "sfu" if self.shared_softmax else f"sfu{w['id']}"
+            w["state"] = ("issue", Group(w["id"], unit, op[1], n, op[2] / n))
+        elif kind == "wait_group":                     # ("wait_group", N) or ("wait_group", N, latency)
+            need = w["groups"][:len(w["groups"]) - op[1]]
+            latency = op[2] if len(op) > 2 else 0.0               # notebook 21 gives none
+            w["state"] = ("wait", lambda need=need: all(g.left == 0 for g in need), "wgmma", self.now, need, latency)
+        elif kind in ("sync", "arrive", "syncthreads"):
+            b = 0 if kind == "syncthreads" else op[1]
+            if kind != "arrive":
+                w["state"] = ("barrier", b, self.now)
+            released = self.bars[b].come(w["id"], "arrive" if kind == "arrive" else "sync")
+            for x in released or []:
+                x = self.wgs[x]
+                if x["state"][2] < self.now:
+                    self.log.append((x["id"], "wait", "turn" if b else "sync", x["state"][2], self.now))
+                if b:
+                    self.turns.append((self.now, x["id"]))
+                x["state"] = None
+
+    def run(self, programs):
+        """programs[w]: a generator of warpgroup w's operations. Returns "done" or "deadlock: ..."."""
+        self.wgs = wgs = [dict(id=i, gen=p, state=None, groups=[], done=False) for i, p in enumerate(programs)]
+        while True:
+            moved = True
+            while moved:                               # everything that happens at this moment
+                moved = False
+                for w in wgs:
+                    st = w["state"]
+                    if w["done"]:
+                        continue
+                    if st is None:
+                        op = next(w["gen"], None)
+                        if op is None:
+                            w["done"] = True
+                        else:
+                            self._op(w, op)
+                        moved = True
+                    elif st[0] == "wait" and st[1]():
+                        if st[3] < self.now:
+                            self.log.append((w["id"], "wait", st[2], st[3], self.now))
+                        ready = max([g.end for g in st[4]] + [self.now - st[5]]) + st[5]
+                        w["state"], moved = ("delay", ready, "latency", self.now) if ready > self.now else None, True
+                    elif st[0] == "softmax" and st[1].left == 0:
+                        self.log.append((w["id"], "softmax", st[1].label, st[1].start, self.now))
+                        w["state"], moved = None, True
+                    elif st[0] == "delay" and st[1] <= self.now:
+                        if st[3] < self.now:
+                            self.log.append((w["id"], "delay", st[2], st[3], self.now))
+                        w["state"], moved = None, True
+                for u in self.units.values():          # issue, round robin among the warpgroups issuing
+                    while True:
+                        who = [w for w in wgs if w["state"] and w["state"][0] == "issue"
+                               and w["state"][1].unit == u.name and u.accepts(w["id"])]
+                        if not who:
+                            break
+                        w = min(who, key=lambda w: (w["id"] == u.last, w["id"]))
+                        g = w["state"][1]
+                        u.queue.append((g, self.now))
+                        g.issued, u.last, moved = g.issued + 1, w["id"], True
+                        if g.start is None:
+                            g.start = self.now
+                        if g.issued == g.n:            # wgmmas: go on; softmax: wait until its last piece ran
+                            w["state"] = None if u.name == "tc" else ("softmax", g)
+                    if u.current is None and u.queue:
+                        g, _ = u.queue.popleft()
+                        u.current, moved = (g, self.now, self.now + g.cycles), True
+            if all(w["done"] for w in wgs):
+                return "done"
+            running = [u.current[2] for u in self.units.values() if u.current]
+            running += [w["state"][1] for w in wgs if w["state"] and w["state"][0] == "delay"]
+            running += [t for t in self.timers if t > self.now]
+            if not running:
+                stuck = [f"warpgroup {w['id']} waits on barrier {w['state'][1]}" for w in wgs
+                         if not w["done"] and w["state"] and w["state"][0] == "barrier"]
+                return "deadlock: " + ", ".join(stuck)
+            self.now = min(running)
+            for u in self.units.values():
+                if u.current and u.current[2] <= self.now:
+                    g, a, b = u.current
+                    u.busy.append((a, b))
+                    self.log.append((g.wg, u.name, g.label, a, b))
+                    g.left -= 1
+                    if g.left == 0:
+                        g.end = b
+                    u.current = None
+
+    def busy(self, unit="tc", t0=0.0, t1=None):
+        t1 = self.now if t1 is None else t1
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.units[unit].busy) / (t1 - t0)
+
+
+COLORS = {"S": "tab:green", "PV": "tab:purple", "sm": "tab:red", "rs": "tab:orange", "wait": "lightgray",
+          "delay": "khaki"}
+
+def merged(log, wg, unit):
+    """Runs of consecutive pieces of one group on a unit, as (label, start, end)."""
+    out = []
+    for w, u, label, a, b in sorted((x for x in log if x[0] == wg and x[1] == unit), key=lambda x: x[3]):
+        if out and out[-1][0] == label and abs(out[-1][2] - a) < 1e-9:
+            out[-1][2] = b
+        else:
+            out.append([label, a, b])
+    return out
+
+def draw(ax, sm, title, t1=None):
+    n = len(sm.wgs)
+    for wg in range(n):
+        y = n + 1 - wg
+        for w, what, label, a, b in sm.log:
+            if w != wg or what not in ("wait", "softmax", "delay"):
+                continue
+            key = {"wait": "wait", "delay": "delay"}.get(what, label.rstrip("0123456789"))
+            ax.broken_barh([(a, b - a)], (y - 0.35, 0.7), color=COLORS[key], edgecolor="k" if what == "softmax" else None,
+                           lw=0.4)
+            if what == "softmax" and key == "sm":
+                ax.text((a + b) / 2, y, f"softmax {label[2:]}", ha="center", va="center", fontsize=7)
+        for label, a, b in merged(sm.log, wg, "tc"):
+            ax.broken_barh([(a, b - a)], (1 - 0.35, 0.7), color=COLORS[label.rstrip("0123456789")],
+                           edgecolor="k", lw=0.4, alpha=1.0 if wg == 0 else 0.55, hatch=None if wg == 0 else "//")
+            if b - a >= 256:
+                ax.text((a + b) / 2, 1, f"{wg}:{label}" if n > 1 else label, ha="center", va="center", fontsize=7)
+    ax.set_yticks(list(range(n + 1, 0, -1)), [f"warpgroup {w}" for w in range(n)] + ["tensor cores"], fontsize=8)
+    ax.set_xlim(0, t1 or sm.now)
+    ax.set_title(title, fontsize=10)

@@ -77,7 +77,8 @@ constexpr int shared_bytes() {
   return 2 * (Br * D + kStages * 2 * kv_tile<D>() * D) + 8 * (1 + 3 * kStages) + 1024;
 }
 
-/// FlashAttention-2 forward on Hopper, warp-specialized, consumers in ping-pong. Grid (Tr, q_heads, batch), block of a producer
+/// FlashAttention-2 forward on Hopper, warp-specialized, consumers in ping-pong.
+/// Grid (Tr, q_heads, batch), block of a producer
 /// warpgroup and kWarpGroups consumer warpgroups; block x computes rows [q_tile * Br, q_tile * Br + Br)
 /// of head h, and consumer w owns rows w*64 .. w*64 + 63 of the tile; warp v of it rows 16v .. 16v + 15
 /// of those. Thread 0, in the producer, issues every copy. kRawMax: the scale is positive, so the row

@@ -42,6 +42,7 @@ namespace step20 { Launcher launcher(); }
 namespace step21 { Launcher launcher(); }
 namespace step22 { Launcher launcher(); }
 namespace step23 { Launcher launcher(); }
+namespace step24 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -113,18 +114,21 @@ const std::vector<StepInfo>& all_steps() {
       {"19", "", "fp32_column_split",
        "FP32 at d = 128: 256 threads split O's columns, and the next K/V tile is prefetched into registers",
        step19::launcher()},
-      {"20", "", "wgmma_tma",
-       "Hopper: wgmma multiplies per warpgroup from shared memory; TMA copies tiles, counted on mbarriers",
+      {"20", "", "wgmma",
+       "Hopper: wgmma multiplies per warpgroup from shared memory tiles the threads load (cp.async, fence.proxy.async)",
        step20::launcher()},
-      {"21", "", "warp_specialization",
-       "a producer warpgroup issues every copy, two consumers compute; full/empty mbarriers, setmaxnreg 24/240",
+      {"21", "", "tma_pipeline",
+       "the copy engine (TMA) loads each tile for one thread, counted on mbarriers: no cp.async, no fence, no wait per thread",
        step21::launcher()},
-      {"22", "", "pingpong",
-       "the two consumer warpgroups take turns on the tensor cores (named barriers): one's softmax hides under the other's wgmmas",
+      {"22", "", "warp_specialization",
+       "a producer warpgroup issues every copy, two consumers compute; full/empty mbarriers, setmaxnreg 24/240",
        step22::launcher()},
-      {"23", "", "intra_warpgroup_overlap",
-       "a warpgroup issues S_j and P V_{j-1} together and waits for S_j alone: its softmax runs under its own P V",
+      {"23", "", "pingpong",
+       "the two consumer warpgroups take turns on the tensor cores (named barriers): one's softmax hides under the other's wgmmas",
        step23::launcher()},
+      {"24", "", "intra_warpgroup_overlap",
+       "a warpgroup issues S_j and P V_{j-1} together and waits for S_j alone: its softmax runs under its own P V",
+       step24::launcher()},
   };
   return steps;
 }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The Hopper steps against the libraries, in one call and in alternating rounds (ours, peers, ours,
+# peers): the peers drift by about 5 % from call to call and within one, so each side gets the same
+# stretches of time. Peers: PyTorch SDPA's cuDNN and FlashAttention-2 backends (bench/sdpa_peers.py)
+# and FlashAttention-3 (bench/fa3_peer.py, from the flash-attn3-jax wheel in .whl/, d = 128 only).
+# Every round's rows go to $OUT/rounds.csv with a round number in the variant column of the peers'
+# rows left as it is; `python3 bench/tables.py rounds $OUT/rounds.csv` prints the medians over rounds.
+#
+#   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
+# FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;
+# FA_ROUND_DTYPES (default f16,bf16); FA_ROUND_BENCH: another fa-bench to time the same way (an
+# earlier tree's, for an ablation), its rows tagged old.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT/rounds"
+rounds=${1:-2}
+steps=${FA_ROUND_STEPS:-20,21,22,23,24}
+dtypes=${FA_ROUND_DTYPES:-f16,bf16}
+read -r -a shapes <<< "${FA_ROUND_SHAPES:-4,4096,4096,16,16,128 1,16384,16384,16,16,128 16,1024,1024,16,16,128 4,4096,4096,16,16,64}"
+[ -x build/bench/fa-bench ] || { echo "build/bench/fa-bench is missing: build this tree first"; exit 1; }
+
+fa3=0
+if ls .whl/flash_attn3_jax-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fa3-site \
+    .whl/flash_attn3_jax-*.whl > "$OUT/rounds/fa3-install.log" 2>&1 && fa3=1
+fi
+[ "$fa3" = 1 ] || echo "FlashAttention-3 not timed: no flash-attn3-jax wheel in .whl/ (see bench/fa3_peer.py)"
+
+for round in $(seq 1 "$rounds"); do
+  for shape in "${shapes[@]}"; do
+    tag=${shape//,/x}
+    echo "== round $round: steps $steps at $shape"
+    build/bench/fa-bench --shape "$shape" --steps "$steps" --dtypes "$dtypes" --reps 30 --no-baseline \
+      --csv "$OUT/rounds/ours-$round-$tag.csv" > "$OUT/rounds/ours-$round-$tag.txt" 2>&1
+    if [ -n "${FA_ROUND_BENCH:-}" ]; then
+      "$FA_ROUND_BENCH" --shape "$shape" --steps "${FA_ROUND_OLD_STEPS:-$steps}" --dtypes "$dtypes" --reps 30 \
+        --no-baseline --csv "$OUT/rounds/old-$round-$tag.csv" > "$OUT/rounds/old-$round-$tag.txt" 2>&1
+    fi
+    echo "== round $round: peers at $shape"
+    python3 bench/sdpa_peers.py --shape "$shape" --dtypes "$dtypes" --backends flash,cudnn --reps 30 \
+      --csv "$OUT/rounds/peers-$round-$tag.csv" > "$OUT/rounds/peers-$round-$tag.txt" 2>&1
+    if [ "$fa3" = 1 ] && [ "${shape##*,}" = 128 ]; then
+      PYTHONPATH=/tmp/fa3-site XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/fa3_peer.py --shape "$shape" \
+        --dtypes "$dtypes" --csv "$OUT/rounds/fa3-$round-$tag.csv" > "$OUT/rounds/fa3-$round-$tag.txt" 2>&1 ||
+        tail -5 "$OUT/rounds/fa3-$round-$tag.txt"
+    fi
+  done
+done
+
+# One CSV: fa-bench's header once, each row with its round in front (column "round").
+python3 - "$OUT/rounds" "$OUT/rounds.csv" <<'EOF'
+import csv, glob, os, sys
+folder, out = sys.argv[1], sys.argv[2]
+rows, header = [], None
+for path in sorted(glob.glob(os.path.join(folder, "*.csv"))):
+    side, round_, _ = os.path.basename(path).split("-", 2)
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        head = next(reader, None)
+        if head is None:
+            continue
+        header = header or head
+        for row in reader:
+            if side == "old":
+                row[1] = (row[1] + "-old") if row[1] else "old"
+            rows.append([round_] + row)
+with open(out, "w", newline="") as f:
+    writer = csv.writer(f, lineterminator="\n")
+    writer.writerow(["round"] + header)
+    writer.writerows(rows)
+print(f"{len(rows)} rows in {out}")
+EOF

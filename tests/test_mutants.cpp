@@ -31,6 +31,8 @@ TEST_CASE("every known-wrong kernel fails the harness", "[gpu][mutants]") {
     return it->second;
   };
 
+  // A mutant that deadlocks would hang the suite: the watchdog names it and ends the process instead.
+  test::Watchdog watchdog(60, "a mutant must give wrong answers, not hang (make it a probe or change it)");
   std::printf("\n%-26s %-5s %-10s %s\n", "mutant", "step", "caught by", "first failing case and check");
   for (const test::Mutant& mutant : test::all_mutants()) {
     INFO("mutant " << mutant.name << " (step " << mutant.step << "): " << mutant.mistake << "; seed=" << seed);
@@ -54,7 +56,9 @@ TEST_CASE("every known-wrong kernel fails the harness", "[gpu][mutants]") {
     std::string caught = "nothing: PASSES THE HARNESS";
     for (std::size_t i = 0; i < cases.size(); ++i) {
       if (!step.supports(cases[i].problem.dtype) || !step.supports_head_dim(cases[i].problem.head_dim)) continue;
+      watchdog.start("mutant " + mutant.name + ", " + cases[i].describe(), 0);
       const Verdict verdict = test::run_case(step, cases[i], prepare(i));
+      watchdog.stop();
       if (!verdict.passed()) {
         caught = cases[i].describe() + " -> " + verdict.failed;
         break;

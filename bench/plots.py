@@ -46,6 +46,7 @@ PEER_NAMES = {
     "sdpa-efficient": "SDPA efficient",
     "sdpa-flash": "SDPA flash (FA2)",
     "sdpa-cudnn": "SDPA cuDNN",
+    "fa3": "FlashAttention-3",
 }
 
 

@@ -8,6 +8,8 @@ checked against the recorded CSV (docs/results/) at any time:
     python3 bench/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
     python3 bench/tables.py course             # the top README's step table
     python3 bench/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
+    python3 bench/tables.py rounds --csv docs/results/X.csv [--steps 20,21,24] [--head-dim 128]
+                                               # medians over alternating rounds (bench/hopper_rounds.sh)
 
 It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader.
 """
@@ -162,10 +164,48 @@ def compare(old_rows, new_rows, pairs=(), limit=1.03) -> str:
     return "\n".join(lines)
 
 
+def rounds(rows, steps, head_dim=None) -> str:
+    """TFLOPS per configuration, the median over the rounds of bench/hopper_rounds.sh (rows whose suite
+    is round1, round2, ...), for the listed steps and every peer; then the fastest listed step against
+    cuDNN and FlashAttention-3, each ratio from the two medians."""
+    picked = [r for r in rows if r["suite"].startswith("round") and (head_dim is None or r["head_dim"] == head_dim)]
+    peers = ["sdpa-flash", "sdpa-cudnn", "fa3"]
+    columns = [s for s in steps] + peers
+
+    def config(r):
+        return (r["head_dim"], r["batch"], r["q_len"], r["q_heads"], r["dtype"], r["causal"])
+
+    def name(r):
+        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
+
+    samples: dict = {}
+    for r in picked:
+        samples.setdefault((config(r), name(r)), []).append(r["tflops"])
+    med = {k: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+           for k, v in samples.items()}
+    n_rounds = len({r["suite"] for r in picked})
+    head = ["d", "B, N, H", "dtype", "causal"] + [PEER_COLUMN.get(c, c) for c in columns] + ["best step", "/ cuDNN", "/ FA3"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(columns) + 3)]
+    for cfg in sorted({config(r) for r in picked}, key=lambda c: (-c[0], c[1], c[4], c[5])):
+        d, b, n, h, dtype, causal = cfg
+        cells = [med.get((cfg, c)) for c in columns]
+        ours = [(med[(cfg, s)], s) for s in steps if (cfg, s) in med and "-" not in s]
+        best, best_step = max(ours) if ours else (None, "–")
+        ratio = lambda peer: _fmt(best / med[(cfg, peer)]) if best and (cfg, peer) in med else "–"  # noqa: E731
+        lines.append(f"| {d} | {b}, {n}, {h} | {dtype} | {'yes' if causal else 'no'} | "
+                     + " | ".join(_fmt(c) for c in cells) + f" | {best_step} | {ratio('sdpa-cudnn')} | {ratio('fa3')} |")
+    lines.append(f"\nTFLOPS, medians of {n_rounds} alternating rounds (steps, then peers, per shape).")
+    return "\n".join(lines)
+
+
+#: Column titles of the peers in the rounds table.
+PEER_COLUMN = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "fa3": "FA3"}
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["times", "accuracy", "course", "compare"])
+    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds"])
     parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
     parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
     parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
@@ -184,6 +224,8 @@ def main(argv=None) -> int:
                     args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
     elif args.table == "compare":
         print(compare(plots.load(args.old), plots.load(args.new), args.pair))
+    elif args.table == "rounds":
+        print(rounds(rows, steps, args.head_dim))
     elif args.table == "accuracy":
         print(accuracy(rows, steps, args.suite or "accuracy"))
     else:

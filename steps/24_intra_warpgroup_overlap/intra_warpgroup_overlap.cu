@@ -6,7 +6,8 @@
 // and the packing of P_j wait for that product. It costs registers, S_j and P_{j-1} live at once,
 // which the 240 that setmaxnreg gave each consumer hold. K and V now leave a stage at different times
 // (K_j once S_j is done, V_{j-1} once P V_{j-1} is), so each has its own empty barrier and is
-// released as soon as it is read: two stages stay enough.
+// released as soon as it has been read, FlashAttention-3's order; a third K/V stage keeps the copies
+// ahead of the consumers.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "21_tma_pipeline/tma.cuh"
@@ -69,9 +70,10 @@ static_assert(kGroupThreads * kProducerRegisters + kConsumerThreads * kConsumerR
               "setmaxnreg moves registers within the block's pool, which must hold both roles' registers");
 
 /// K/V stages: tile j lives in stage j % kStages. P V_j now finishes during tile j + 1, a tile later
-/// than in step 23; released together with K_j, V_j would hold its stage a tile longer and two stages
-/// would no longer hide the copies (step 24 first took three). K_j's stage is released when S_j is done.
-constexpr int kStages = 2;
+/// than in step 23, so V_j holds its stage a tile longer; K_j's is released as soon as S_j is done.
+/// Three stages measured 0-4 % faster than two on the H100 (docs/results/ablations/README.md): with
+/// two, the copy of K_{j+2} waits for both consumers' S_j, the second of them half a turn behind.
+constexpr int kStages = 3;
 
 /// Columns per chunk: 64 16-bit elements are 128 bytes, one row of the 128-byte swizzle. A tile of
 /// width D is stored as D / 64 chunks [rows][64], one after the other, each a copy-engine box.

@@ -336,7 +336,7 @@ wgmma_kernel(kit::Heads<T, D> s, float scale_log2) {
 
 /// Validates the problem, then launches kWarpGroups warpgroups per (Q tile, head, batch) on `stream`.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  kit::dispatch<Support>(p, t, "step 21", [&]<class T, int D>() {
+  kit::dispatch<Support>(p, t, "step 20", [&]<class T, int D>() {
     const dim3 grid(kit::ceil_div(p.q_len, Br), p.q_heads, p.batch);
     const float scale_log2 = p.softmax_scale() * kLog2e;  // exp(scale x) = 2^(scale log2(e) x)
     // max(c x) = c max(x) only for c > 0: a zero or negative scale scales first.
@@ -347,7 +347,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
 }  // namespace
 
-/// Step 21 as the registry lists it.
+/// Step 20 as the registry lists it.
 Launcher launcher() { return kit::launcher<Support>(&launch); }
 
 }  // namespace fa::step20

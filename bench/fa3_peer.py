@@ -22,6 +22,7 @@ alignment when q_len = kv_len; other shapes are refused with causal.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in bench/plots.py
-from sdpa_peers import SUITES, flops, fmt, open_csv  # noqa: E402  the same CSV rows and FLOP count
+from sdpa_peers import SUITES, flops, open_csv, peer_row  # noqa: E402  the same CSV rows and FLOP count
 
 #: The head_dims and dtypes the wheel's kernels are built for.
 HEAD_DIMS = (128,)
@@ -105,6 +106,7 @@ def main(argv=None) -> int:
     suite_of = {shape: name for name, shape in SUITES.items()}
 
     with open_csv(args.csv) as f:
+        writer = csv.writer(f, lineterminator="\n")
         for shape, dtype, causal in plan:
             batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
             keys = jax.random.split(jax.random.PRNGKey(args.seed), 3)
@@ -143,11 +145,8 @@ def main(argv=None) -> int:
                 samples.append((time.perf_counter() - start) * 1e3 / args.chain)
             ms = statistics.median(samples)
             tflops = flops(shape, causal) / (ms * 1e9)
-            suite = suite_of.get(shape, "custom")
-            f.write(",".join([
-                "fa3", "", dtype, str(batch), str(q_len), str(kv_len), str(q_heads), str(kv_heads), str(head_dim),
-                str(int(causal)), fmt(ms), fmt(tflops), "0", fmt(rel_err), f'"{gpu}"', suite, fmt(min(samples)),
-                fmt(max(samples)), str(len(samples)), "nan", "nan", "nan", fmt(max_err)]) + "\n")
+            writer.writerow(peer_row("fa3", dtype, shape, causal, suite_of.get(shape, "custom"), gpu, ms, min(samples),
+                                     max(samples), len(samples), 0, rel_err, max_err))
             f.flush()
             print(f"fa3 {dtype} {','.join(map(str, shape))} causal={'yes' if causal else 'no'}: {ms:.4g} ms "
                   f"(min {min(samples):.4g}, max {max(samples):.4g}), {tflops:.3g} TFLOPS, rel err {rel_err:.2e}")

@@ -111,6 +111,14 @@ def fmt(value) -> str:
     return "nan" if value is None or math.isnan(value) else f"{value:.6g}"
 
 
+def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err) -> list:
+    """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it)."""
+    batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
+    return [step, "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, int(causal), fmt(ms),
+            fmt(flops(shape, causal) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min), fmt(ms_max), reps,
+            "nan", "nan", "nan", fmt(max_err)]
+
+
 def open_csv(path: str):
     """Open the CSV for appending; write the header if new, refuse a file with another header."""
     exists = os.path.exists(path) and os.path.getsize(path) > 0
@@ -260,10 +268,8 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
                 continue
             tflops = flops(shape, causal) / (ms * 1e9)
-            batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
-            writer.writerow([f"sdpa-{backend}", "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim,
-                             int(causal), fmt(ms), fmt(tflops), extra, fmt(rel_err), gpu, suite, fmt(ms_min),
-                             fmt(ms_max), reps, "nan", "nan", "nan", fmt(max_err)])
+            writer.writerow(peer_row(f"sdpa-{backend}", dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps,
+                                     extra, rel_err, max_err))
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
                   f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")

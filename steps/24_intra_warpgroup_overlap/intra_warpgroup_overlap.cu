@@ -71,8 +71,9 @@ static_assert(kGroupThreads * kProducerRegisters + kConsumerThreads * kConsumerR
 
 /// K/V stages: tile j lives in stage j % kStages. P V_j now finishes during tile j + 1, a tile later
 /// than in step 23, so V_j holds its stage a tile longer; K_j's is released as soon as S_j is done.
-/// Three stages measured faster than two in 13 of 16 configurations, by up to 4-5.5 %, in each of two calls
-/// on the H100 (docs/results/ablations/README.md): with two, the copy of K_{j+2} waits for both
+/// In each of two calls on the H100 three stages (one with this split release, one with a single
+/// release) ran faster than two stages with the split release in 13 of 16 configurations, by up to
+/// 4-5.5 % (docs/results/ablations/README.md): with two, the copy of K_{j+2} waits for both
 /// consumers' S_j, the second of them half a turn behind.
 constexpr int kStages = 3;
 

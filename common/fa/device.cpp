@@ -18,7 +18,10 @@ std::string gpu_name() {
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) FA_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  if (bytes > 0) {
+    FA_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    FA_CUDA_CHECK(cudaMemset(data_, 0, bytes));  // a workspace starts zero (step 25's tile counter)
+  }
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -22,7 +22,7 @@ std::string gpu_name();
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  /// cudaMalloc of `bytes` (none for 0).
+  /// cudaMalloc of `bytes` (none for 0), set to zero.
   explicit DeviceBuffer(std::size_t bytes);
   ~DeviceBuffer();
   /// Takes other's memory; other is left empty.

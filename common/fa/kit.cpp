@@ -30,6 +30,7 @@ thread_local bool g_probed = false;               ///< resources() recorded a ke
 struct DeviceInfo {
   int arch = 0;                  ///< 10 * major + minor
   std::size_t shared_optin = 0;  ///< most shared memory one block may use (after opting in)
+  int multiprocessors = 0;       ///< SMs (132 on an H100 SXM)
   std::string name;              ///< "NVIDIA H100 80GB HBM3"
 };
 
@@ -61,6 +62,7 @@ const DeviceInfo& device_info(int device) {
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   info.arch = 10 * major + minor;
   info.shared_optin = std::size_t(optin);
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device));
   cudaDeviceProp props{};
   FA_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
   info.name = props.name;
@@ -128,6 +130,12 @@ int device_arch() {
   const int device = current_device();
   const std::lock_guard<std::mutex> lock(g_mutex);
   return device_info(device).arch;
+}
+
+int device_multiprocessors() {
+  const int device = current_device();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  return device_info(device).multiprocessors;
 }
 
 void check_arch(const char* step, int device, int min_arch, bool arch_specific) {

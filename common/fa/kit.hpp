@@ -51,6 +51,8 @@ KernelResources resources(LaunchFn launch, const AttentionProblem& p);
 
 /// Compute capability of the current device, as 10 * major + minor (90 for an H100).
 int device_arch();
+/// Streaming multiprocessors of the current device (132 on an H100 SXM): a persistent grid's size.
+int device_multiprocessors();
 /// Throws InvalidProblem unless a device of compute capability `device` (10 * major + minor) meets
 /// the step's minimum `min_arch` (equals it, when `arch_specific`: code built for sm_90a runs on sm_90
 /// alone). The message names the GPU's and the step's architectures.

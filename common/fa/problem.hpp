@@ -62,7 +62,9 @@ void validate(const AttentionProblem& problem);
                                     const std::string& supported);
 
 /// Device pointers of one call. workspace is scratch memory of the size the
-/// step's registry entry asks for (nullptr when it asks for none).
+/// step's registry entry asks for (nullptr when it asks for none), zero when it
+/// is first handed to a step; a step that counts in it (step 25's tile
+/// scheduler) leaves it zero again, so one workspace serves one call at a time.
 struct AttentionTensors {
   const void* q = nullptr;     ///< Q, [batch, q_len, q_heads, head_dim]
   const void* k = nullptr;     ///< K, [batch, kv_len, kv_heads, head_dim]

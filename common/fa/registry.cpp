@@ -43,6 +43,7 @@ namespace step21 { Launcher launcher(); }
 namespace step22 { Launcher launcher(); }
 namespace step23 { Launcher launcher(); }
 namespace step24 { Launcher launcher(); }
+namespace step25 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -129,6 +130,9 @@ const std::vector<StepInfo>& all_steps() {
       {"24", "", "intra_warpgroup_overlap",
        "a warpgroup issues S_j and P V_{j-1} together and waits for S_j alone: its softmax runs under its own P V",
        step24::launcher()},
+      {"25", "", "persistent_grid",
+       "a persistent grid: one block per SM takes work tiles in turn (heads a section at a time, heaviest first), copying the next while it finishes this one",
+       step25::launcher()},
   };
   return steps;
 }

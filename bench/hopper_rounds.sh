@@ -3,8 +3,8 @@
 # peers): the peers drift by about 5 % from call to call and within one, so each side gets the same
 # stretches of time. Peers: PyTorch SDPA's cuDNN and FlashAttention-2 backends (bench/sdpa_peers.py)
 # and FlashAttention-3 (bench/fa3_peer.py, from the flash-attn3-jax wheel in .whl/, d = 128 only).
-# Every round's rows go to $OUT/rounds.csv with a round number in the variant column of the peers'
-# rows left as it is; `python3 bench/tables.py rounds $OUT/rounds.csv` prints the medians over rounds.
+# Every round's rows go to $OUT/rounds.csv, each with its round in the suite column (round1, round2, ...);
+# `python3 bench/tables.py rounds --csv $OUT/rounds.csv --steps 24,25` prints the medians over rounds.
 #
 #   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
 # FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;
@@ -60,13 +60,15 @@ for path in sorted(glob.glob(os.path.join(folder, "*.csv"))):
         if head is None:
             continue
         header = header or head
+        suite = header.index("suite")
         for row in reader:
             if side == "old":
                 row[1] = (row[1] + "-old") if row[1] else "old"
-            rows.append([round_] + row)
+            row[suite] = "round" + round_
+            rows.append(row)
 with open(out, "w", newline="") as f:
     writer = csv.writer(f, lineterminator="\n")
-    writer.writerow(["round"] + header)
+    writer.writerow(header)
     writer.writerows(rows)
 print(f"{len(rows)} rows in {out}")
 EOF

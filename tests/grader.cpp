@@ -95,7 +95,12 @@ int main(int argc, char** argv) {
     test::Watchdog watchdog(timeout ? std::max(1, std::atoi(timeout)) : 60,
                             "the grade stops at a hung case");
     std::vector<test::Case> signature_cases;   // the first launcher's cases, for matching mistakes
-    std::set<std::size_t> failing;             // indices into signature_cases
+    std::set<std::size_t> failing;             // failure_key()s of the failing signature_cases
+    // A failure as the hint compares them: the case's index, and whether only a second call on the same
+    // workspace failed (a counter left behind) or the first did (a wrong kernel).
+    auto failure_key = [](std::size_t i, const Verdict& v) {
+      return 2 * i + (v.failed.rfind(test::kSecondCall, 0) == 0 ? 1 : 0);
+    };
     std::map<std::string, test::Prepared> prepared;  // by case, shared by the launchers and the mutants
     auto prepare = [&](const test::Case& c, std::uint64_t seed) -> const test::Prepared& {
       auto it = prepared.find(c.describe());
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
         std::printf("%s %s%s%s\n", v.passed() ? "[pass]" : "[FAIL]", cases[i].describe().c_str(),
                     v.passed() ? "" : "\n       ", v.passed() ? "" : v.describe().c_str());
         (v.passed() ? passed : failed) += 1;
-        if (!v.passed() && l == 0) failing.insert(i);
+        if (!v.passed() && l == 0) failing.insert(failure_key(i, v));
       }
     }
     // A step whose point is accuracy (step 07) is also held to it, as the test suite holds the step.
@@ -164,8 +169,8 @@ int main(int argc, char** argv) {
               !step.supports_head_dim(signature_cases[i].problem.head_dim))
             continue;
           ++compared;
-          if (!test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0)).passed())
-            mutant_failing.insert(i);
+          const Verdict v = test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0));
+          if (!v.passed()) mutant_failing.insert(failure_key(i, v));
         }
         if (compared == 0) continue;
         std::size_t both = 0;

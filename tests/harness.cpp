@@ -193,7 +193,7 @@ Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared) 
       HostTensor out(p.dtype, q_shape(p));
       device.o.download(out.bytes.data(), out.byte_size());
       verdict = judge(out, prepared.expected, p.head_dim, prepared.max_abs_score);
-      if (call == 1 && !verdict.passed()) verdict.failed = "second call on the same workspace: " + verdict.failed;
+      if (call == 1 && !verdict.passed()) verdict.failed = kSecondCall + verdict.failed;
     }
     return verdict;
   } catch (const InvalidProblem& e) {

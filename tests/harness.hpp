@@ -59,8 +59,13 @@ struct Prepared {
 /// Draws the case's inputs from `seed` and computes what the output must be.
 Prepared prepare(const Case& c, std::uint64_t seed);
 
-/// Runs `step` on the prepared case (output poisoned with NaN first) and judges every element.
-/// A launcher that throws fails with check "threw: <message>".
+/// How run_case names a failure of the second call of a step that asks for a workspace: the first
+/// call passed, so the step left its workspace in a state the next call cannot start from.
+inline constexpr char kSecondCall[] = "second call on the same workspace: ";
+
+/// Runs `step` on the prepared case (output poisoned with NaN first) and judges every element. A step
+/// that asks for a workspace runs twice on the same buffers and both outputs are judged (the second
+/// call's failure starts with kSecondCall). A launcher that throws fails with check "threw: <message>".
 Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared);
 
 }  // namespace fa::test

@@ -27,6 +27,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 using namespace fa;
 
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
 
     if (failed > 0 && options.hints) {
       // The known mistakes, on the same cases: which one fails where this exercise fails?
-      std::string best;
+      std::vector<std::string> best;  // every mutant at the best score: ties are named together
       double best_score = 0;
       for (const test::Mutant& m : test::all_mutants()) {
         if (m.caught_by == "memcheck") continue;  // writes out of bounds: only run under the sanitizer
@@ -177,12 +178,16 @@ int main(int argc, char** argv) {
         for (std::size_t i : failing) both += mutant_failing.count(i);
         const std::size_t either = failing.size() + mutant_failing.size() - both;
         const double score = either ? double(both) / double(either) : 0;  // Jaccard similarity
-        if (score > best_score) best_score = score, best = m.name + ": " + m.mistake;
+        if (score > best_score + 1e-9) best_score = score, best.clear();
+        if (score > best_score - 1e-9 && score > 0) best.push_back(m.name + ": " + m.mistake);
       }
-      if (best_score >= 0.5)
-        std::printf("Hint: your kernel fails on the cases where a known-wrong kernel fails (similarity %.2f):\n"
-                    "      %s\n      Look there first.\n", best_score, best.c_str());
-      else
+      if (best_score >= 0.5) {
+        std::printf("Hint: your kernel fails on the cases where %s (similarity %.2f):\n",
+                    best.size() == 1 ? "a known-wrong kernel fails" : "each of these known-wrong kernels fails",
+                    best_score);
+        for (const std::string& mistake : best) std::printf("      %s\n", mistake.c_str());
+        std::printf("      Look there first.\n");
+      } else
         std::printf("No known mistake fails like this; start from the first failing case above.\n");
     }
 

@@ -105,10 +105,13 @@ struct Scheduler {
 };
 constexpr int kSchedulerBytes = 2 * sizeof(int);  ///< the workspace step 25 asks for
 
-/// Query tile, head and batch of work tile w.
+/// One work tile: what one block of step 24 computed.
 struct WorkTile {
-  int q_tile, h, b;
+  int q_tile;  ///< query tile: rows q_tile * Br .. q_tile * Br + Br - 1
+  int h;       ///< query head
+  int b;       ///< batch
 };
+/// Query tile, head and batch of work tile w.
 __device__ __forceinline__ WorkTile work_tile(const Scheduler& sched, int w, int q_heads, bool causal) {
   const int level = w % sched.q_tiles;
   const int pair = w / sched.q_tiles;

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+
 using namespace fa;
 using Catch::Matchers::Contains;
 
@@ -69,5 +71,8 @@ TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit
   p.head_dim = 64;
   const StepInfo& fa1 = *select_steps("03").front();
   REQUIRE(fa1.workspace_bytes != nullptr);
-  CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{}, nullptr), Contains("workspace"));
+  void* somewhere = reinterpret_cast<void*>(std::uintptr_t(1) << 20);  // never dereferenced: it refuses first
+  CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{somewhere, somewhere, somewhere, somewhere, nullptr}, nullptr),
+                    Contains("workspace"));
+  CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{}, nullptr), Contains("tensor Q is missing"));
 }

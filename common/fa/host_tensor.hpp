@@ -39,6 +39,8 @@ HostTensor converted(const HostTensor& tensor, DType dtype);
 std::vector<std::int64_t> q_shape(const AttentionProblem& p);
 /// [batch, kv_len, kv_heads, head_dim].
 std::vector<std::int64_t> kv_shape(const AttentionProblem& p);
+/// [batch, q_heads, q_len]: the row log-sum-exp, always f32.
+std::vector<std::int64_t> lse_shape(const AttentionProblem& p);
 
 /// Uniform values in [lo, hi) from a seeded generator (splitmix64, the same
 /// stream on every platform), rounded to dtype.
@@ -51,6 +53,20 @@ struct AttentionInputs {
   HostTensor k;  ///< [batch, kv_len, kv_heads, head_dim]
   HostTensor v;  ///< [batch, kv_len, kv_heads, head_dim]
 };
+/// What the backward reads besides Q, K and V: the forward's outputs and the gradient flowing in.
+struct BackwardInputs {
+  HostTensor o;    ///< O, [batch, q_len, q_heads, head_dim], the problem's dtype
+  HostTensor lse;  ///< LSE, f32 [batch, q_heads, q_len]
+  HostTensor d_o;  ///< dO, shaped and typed like O
+};
+
+/// dQ, dK and dV as a backward step returns them (the problem's dtype).
+struct Gradients {
+  HostTensor dq;  ///< [batch, q_len, q_heads, head_dim]
+  HostTensor dk;  ///< [batch, kv_len, kv_heads, head_dim]
+  HostTensor dv;  ///< [batch, kv_len, kv_heads, head_dim]
+};
+
 /// Q uniform in [-q_range, q_range), K and V uniform in [-1, 1), all from one
 /// seed. A larger q_range spreads the scores (logits) wider: with d = 64 and the
 /// default scale their standard deviation is about q_range / 3.

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -100,9 +101,16 @@ void refuse_unsupported(const char* step, const AttentionProblem& p, const Launc
                     join(supported.head_dims, [](int d) { return std::to_string(d); }));
 }
 
-void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace) {
+void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace, Pass pass) {
+  std::vector<std::pair<const char*, const void*>> tensors = {{"Q", t.q}, {"K", t.k}, {"V", t.v}, {"O", t.o}};
+  if (pass == Pass::backward)
+    tensors.insert(tensors.end(), {{"LSE", t.lse}, {"dO", t.d_o}, {"dQ", t.dq}, {"dK", t.dk}, {"dV", t.dv}});
+  for (const auto& [name, pointer] : tensors)
+    if (!pointer)
+      throw InvalidProblem(std::string(step) + ": tensor " + name + " is missing (a null pointer); the " +
+                           to_string(pass) + " pass needs Q, K, V, O" +
+                           (pass == Pass::backward ? ", LSE, dO, dQ, dK and dV" : " (and LSE only if asked for)"));
   if (alignment > 1) {
-    const std::pair<const char*, const void*> tensors[] = {{"Q", t.q}, {"K", t.k}, {"V", t.v}, {"O", t.o}};
     for (const auto& [name, pointer] : tensors) {
       const auto address = reinterpret_cast<std::uintptr_t>(pointer);
       if (address % unsigned(alignment) != 0) {
@@ -198,7 +206,9 @@ KernelResources resources(LaunchFn launch, const AttentionProblem& p) {
   // Tensors the launcher never dereferences (nothing is launched): aligned, non-null addresses so
   // that the pointer checks pass and only the problem decides.
   void* placeholder = reinterpret_cast<void*>(std::uintptr_t(1) << 20);
-  const AttentionTensors tensors{placeholder, placeholder, placeholder, placeholder, placeholder};
+  AttentionTensors tensors{placeholder, placeholder, placeholder, placeholder, placeholder};
+  tensors.lse = static_cast<float*>(placeholder);
+  tensors.d_o = tensors.dq = tensors.dk = tensors.dv = placeholder;
   KernelResources result;
   g_probe = &result;
   g_probed = false;

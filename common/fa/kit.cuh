@@ -86,6 +86,7 @@ struct Heads {
   const T* K;  ///< [batch, kv_len, kv_heads, head_dim]
   const T* V;  ///< [batch, kv_len, kv_heads, head_dim]
   T* O;        ///< [batch, q_len, q_heads, head_dim]
+  float* LSE;  ///< [batch, q_heads, q_len] fp32 row log-sum-exp; nullptr when the caller does not ask for it
   int q_len;     ///< Nq: query rows per sequence
   int kv_len;    ///< Nkv: keys per sequence
   int q_heads;   ///< query heads
@@ -111,14 +112,36 @@ struct Heads {
   __host__ __device__ const T* k_head(int b, int kv_h) const { return K + kv_offset(b, kv_h); }
   /// First element of value head kv_h of sequence b.
   __host__ __device__ const T* v_head(int b, int kv_h) const { return V + kv_offset(b, kv_h); }
+  /// Log-sum-exp of query head h of sequence b, row 0; row i is i further (LSE is [batch, q_heads, q_len]).
+  __host__ __device__ float* lse_head(int b, int h) const { return LSE + (std::int64_t(b) * q_heads + h) * q_len; }
 
- private:
+  /// Offset of (b, h, row 0) in a tensor shaped like Q: Q, O, and the backward's dO and dQ.
   __host__ __device__ std::int64_t q_offset(int b, int h) const {
     return (std::int64_t(b) * q_len * q_heads + h) * dim();
   }
+  /// Offset of (b, kv_h, row 0) in a tensor shaped like K: K, V, and the backward's dK and dV.
   __host__ __device__ std::int64_t kv_offset(int b, int kv_h) const {
     return (std::int64_t(b) * kv_len * kv_heads + kv_h) * dim();
   }
+};
+
+/// The backward's arguments: the forward's (Q, K, V, O, LSE and the sizes) and the gradients. dO and dQ
+/// are shaped like Q, dK and dV like K; the offsets are the forward's.
+template <class T, int D = 0>
+struct Grads : Heads<T, D> {
+  const T* dO;  ///< dLoss/dO, [batch, q_len, q_heads, head_dim]
+  T* dQ;        ///< [batch, q_len, q_heads, head_dim]
+  T* dK;        ///< [batch, kv_len, kv_heads, head_dim], summed over the query heads that share the KV head
+  T* dV;        ///< [batch, kv_len, kv_heads, head_dim], summed likewise
+
+  /// First element of dO's head h of sequence b.
+  __host__ __device__ const T* do_head(int b, int h) const { return dO + this->q_offset(b, h); }
+  /// First element of dQ's head h of sequence b.
+  __host__ __device__ T* dq_head(int b, int h) const { return dQ + this->q_offset(b, h); }
+  /// First element of dK's head kv_h of sequence b.
+  __host__ __device__ T* dk_head(int b, int kv_h) const { return dK + this->kv_offset(b, kv_h); }
+  /// First element of dV's head kv_h of sequence b.
+  __host__ __device__ T* dv_head(int b, int kv_h) const { return dV + this->kv_offset(b, kv_h); }
 };
 
 /// The kernel arguments of problem p on tensors t, for element type T (and head dimension D, if the
@@ -126,7 +149,14 @@ struct Heads {
 template <class T, int D = 0>
 Heads<T, D> heads(const AttentionProblem& p, const AttentionTensors& t) {
   return {static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v), static_cast<T*>(t.o),
-          p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, p.softmax_scale()};
+          t.lse, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, p.softmax_scale()};
+}
+
+/// The backward's kernel arguments of problem p on tensors t (O and LSE read, dQ, dK, dV written).
+template <class T, int D = 0>
+Grads<T, D> grads(const AttentionProblem& p, const AttentionTensors& t) {
+  return {heads<T, D>(p, t), static_cast<const T*>(t.d_o), static_cast<T*>(t.dq), static_cast<T*>(t.dk),
+          static_cast<T*>(t.dv)};
 }
 
 /// a / b rounded up: how many tiles of b cover a.
@@ -166,6 +196,7 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
   static constexpr int min_arch = 0;            ///< lowest compute capability, 10 * major + minor; 0: any
   static constexpr int pointer_alignment = 0;   ///< bytes Q, K, V, O must be aligned to; 0: any
   static constexpr bool needs_workspace = false;  ///< the launcher needs the registry's workspace
+  static constexpr Pass pass = Pass::forward;     ///< the half of attention it computes
   /// Built for an architecture-specific target (sm_90a: wgmma, setmaxnreg), whose code runs on exactly
   /// min_arch and on no later GPU.
   static constexpr bool arch_specific = false;
@@ -175,7 +206,7 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
 /// What the registry lists for a step's launch function `launch` with support S.
 template <class S, class... T, int... D>
 Launcher launcher_of(LaunchFn launch, WorkspaceFn workspace, DTypes<T...>, HeadDims<D...>) {
-  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific};
+  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific, S::pass};
 }
 /// What the registry lists for `launch`, read off the step's Support (and its workspace size, if any).
 template <class S>
@@ -223,7 +254,7 @@ void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* 
 #endif
   validate(p);
   if (!lists(p, typename S::dtype_list{}, typename S::head_dim_list{})) refuse_unsupported(step, p, launcher<S>(nullptr));
-  check_tensors(step, t, S::pointer_alignment, S::needs_workspace);
+  check_tensors(step, t, S::pointer_alignment, S::needs_workspace, S::pass);
   const LaunchScope scope(step, p, S::min_arch, S::arch_specific);
   dispatch_all(p, body, typename S::dtype_list{}, typename S::head_dim_list{});
 }

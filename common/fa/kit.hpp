@@ -16,9 +16,10 @@ namespace fa::kit {
 /// Throws InvalidProblem naming the step, p's dtype or head_dim that `supported` does not list, and
 /// what it lists.
 [[noreturn]] void refuse_unsupported(const char* step, const AttentionProblem& p, const Launcher& supported);
-/// Throws InvalidProblem unless every tensor is `alignment`-byte aligned and, when `needs_workspace`,
-/// t.workspace is set.
-void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace);
+/// Throws InvalidProblem unless every tensor the pass uses is set and `alignment`-byte aligned and,
+/// when `needs_workspace`, t.workspace is set. LSE is optional in the forward, required in the backward.
+void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace,
+                   Pass pass = Pass::forward);
 
 /// While dispatch() runs a step's body, the step and problem that kit::launch reports in its messages,
 /// and the compute capability it checks. One per thread; dispatch sets and restores it.

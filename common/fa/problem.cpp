@@ -20,6 +20,10 @@ std::int64_t AttentionProblem::kv_elements() const {
   return std::int64_t{batch} * kv_len * kv_heads * head_dim;
 }
 
+std::int64_t AttentionProblem::lse_elements() const { return std::int64_t{batch} * q_heads * q_len; }
+
+const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : "forward"; }
+
 double AttentionProblem::flops() const {
   const double full = 4.0 * batch * q_heads * double(q_len) * double(kv_len) * head_dim;
   return causal ? full / 2 : full;

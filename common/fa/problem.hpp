@@ -3,7 +3,8 @@
 ///
 /// Tensors are contiguous row-major [batch, seq, heads, head_dim]:
 /// Q and O are [batch, q_len, q_heads, head_dim], K and V are
-/// [batch, kv_len, kv_heads, head_dim]. Query head h reads KV head
+/// [batch, kv_len, kv_heads, head_dim]; the backward's dO and dQ are shaped like Q, dK and dV like K.
+/// The row log-sum-exp LSE is fp32 [batch, q_heads, q_len]. Query head h reads KV head
 /// h / (q_heads / kv_heads) (grouped-query attention; kv_heads == 1 is MQA).
 /// Causal masking is top-left aligned like PyTorch's `is_causal`: query row i
 /// sees keys j <= i, so every row sees at least key 0.
@@ -24,6 +25,15 @@ class InvalidProblem : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+/// Which half of attention a step computes.
+enum class Pass {
+  forward,   ///< O (and the row log-sum-exp) from Q, K, V
+  backward,  ///< dQ, dK, dV from Q, K, V, O, the log-sum-exp and dO
+};
+
+/// "forward" or "backward", as fa-bench's CSV writes it.
+const char* to_string(Pass pass);
 
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
@@ -47,6 +57,10 @@ struct AttentionProblem {
   /// Useful floating-point operations: 4·B·H·Nq·Nkv·d, halved when causal
   /// (the convention of the FlashAttention papers and of PyTorch's benchmarks).
   double flops() const;
+  /// Of one pass: flops() for the forward; 2.5 times that for the backward (five products of the
+  /// forward's size where the forward has two: S and dP, dV, dK, dQ), as FlashAttention's benchmarks count.
+  double flops(Pass pass) const { return pass == Pass::backward ? 2.5 * flops() : flops(); }
+  std::int64_t lse_elements() const;  ///< elements of LSE: batch * q_heads * q_len
   /// "B=4 Nq=1024 Nkv=1024 H=8/8 d=64 f32 causal", for messages and tables.
   std::string describe() const;
 };
@@ -65,12 +79,22 @@ void validate(const AttentionProblem& problem);
 /// step's registry entry asks for (nullptr when it asks for none), zero when it
 /// is first handed to a step; a step that counts in it (step 25's tile
 /// scheduler) leaves it zero again, so one workspace serves one call at a time.
+/// A step that needs part of it zero at every call clears that part itself.
+///
+/// The log-sum-exp of query row i is LSE_i = ln sum_j exp(scale q_i . k_j) over the keys the row
+/// sees (natural log, as FlashAttention's softmax_lse): P_ij = exp(scale q_i . k_j - LSE_i) with no
+/// running max or sum. A forward step writes it when lse is set; the backward reads it.
 struct AttentionTensors {
   const void* q = nullptr;     ///< Q, [batch, q_len, q_heads, head_dim]
   const void* k = nullptr;     ///< K, [batch, kv_len, kv_heads, head_dim]
   const void* v = nullptr;     ///< V, [batch, kv_len, kv_heads, head_dim]
-  void* o = nullptr;           ///< O, [batch, q_len, q_heads, head_dim], written by the step
+  void* o = nullptr;           ///< O, [batch, q_len, q_heads, head_dim]: the forward writes it, the backward reads it
   void* workspace = nullptr;   ///< scratch of StepInfo::workspace_for bytes, or nullptr
+  float* lse = nullptr;        ///< LSE, fp32 [batch, q_heads, q_len]: forward output when set, backward input
+  const void* d_o = nullptr;   ///< dO = dLoss/dO, shaped like O: backward input
+  void* dq = nullptr;          ///< dQ, shaped like Q: written by a backward step
+  void* dk = nullptr;          ///< dK, shaped like K: written by a backward step (summed over a KV head's group)
+  void* dv = nullptr;          ///< dV, shaped like V: written by a backward step (summed over a KV head's group)
 };
 
 }  // namespace fa

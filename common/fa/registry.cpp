@@ -158,6 +158,7 @@ StepInfo::StepInfo(std::string id_, std::string variant_, std::string name_, std
       arch_specific(launcher.arch_specific),
       pointer_alignment(launcher.pointer_alignment),
       workspace_bytes(launcher.workspace_bytes),
+      pass(launcher.pass),
       high_precision_accumulation(high_precision),
       reports_resources(resources_reported) {}
 
@@ -213,34 +214,102 @@ std::vector<const StepInfo*> select_steps(const std::string& spec) {
 }
 
 DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs,
-                                 std::size_t workspace_bytes)
+                                 std::size_t workspace_bytes, const BackwardInputs* backward)
     : q(inputs.q.byte_size()),
       k(inputs.k.byte_size()),
       v(inputs.v.byte_size()),
       o(std::size_t(p.q_elements()) * size_of(p.dtype)),
-      workspace(workspace_bytes) {
-  auto check = [&](const HostTensor& t, const char* name, const std::vector<std::int64_t>& shape) {
-    if (t.dtype != p.dtype || t.shape != shape)
-      throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" +
-                           p.describe() + ")");
+      lse(std::size_t(p.lse_elements()) * sizeof(float)),
+      workspace(workspace_bytes),
+      backward_(backward != nullptr) {
+  auto check = [&](const HostTensor& t, const char* name, const std::vector<std::int64_t>& shape,
+                   DType dtype) {
+    if (t.dtype != dtype || t.shape != shape)
+      throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" + p.describe() +
+                           (dtype == p.dtype ? ")" : "; LSE is f32 [batch, q_heads, q_len])"));
   };
-  check(inputs.q, "Q", q_shape(p));
-  check(inputs.k, "K", kv_shape(p));
-  check(inputs.v, "V", kv_shape(p));
+  check(inputs.q, "Q", q_shape(p), p.dtype);
+  check(inputs.k, "K", kv_shape(p), p.dtype);
+  check(inputs.v, "V", kv_shape(p), p.dtype);
   q.upload(inputs.q.bytes.data(), inputs.q.byte_size());
   k.upload(inputs.k.bytes.data(), inputs.k.byte_size());
   v.upload(inputs.v.bytes.data(), inputs.v.byte_size());
+  if (backward) {
+    check(backward->o, "O", q_shape(p), p.dtype);
+    check(backward->lse, "LSE", lse_shape(p), DType::f32);
+    check(backward->d_o, "dO", q_shape(p), p.dtype);
+    o.upload(backward->o.bytes.data(), backward->o.byte_size());
+    lse.upload(backward->lse.bytes.data(), backward->lse.byte_size());
+    d_o = DeviceBuffer(backward->d_o.byte_size());
+    d_o.upload(backward->d_o.bytes.data(), backward->d_o.byte_size());
+    dq = DeviceBuffer(inputs.q.byte_size());
+    dk = DeviceBuffer(inputs.k.byte_size());
+    dv = DeviceBuffer(inputs.v.byte_size());
+  }
+  poison_outputs();
 }
 
+void DeviceAttention::poison_outputs() {
+  if (backward_) {
+    dq.poison(), dk.poison(), dv.poison();
+  } else {
+    o.poison(), lse.poison();
+  }
+}
+
+AttentionTensors DeviceAttention::tensors() const {
+  AttentionTensors t{q.get(), k.get(), v.get(), o.get(), workspace.get()};
+  t.lse = static_cast<float*>(lse.get());
+  if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
+  return t;
+}
+
+HostTensor DeviceAttention::download_o(const AttentionProblem& p) const {
+  HostTensor out(p.dtype, q_shape(p));
+  o.download(out.bytes.data(), out.byte_size());
+  return out;
+}
+
+HostTensor DeviceAttention::download_lse(const AttentionProblem& p) const {
+  HostTensor out(DType::f32, lse_shape(p));
+  lse.download(out.bytes.data(), out.byte_size());
+  return out;
+}
+
+Gradients DeviceAttention::download_gradients(const AttentionProblem& p) const {
+  Gradients g{HostTensor(p.dtype, q_shape(p)), HostTensor(p.dtype, kv_shape(p)), HostTensor(p.dtype, kv_shape(p))};
+  dq.download(g.dq.bytes.data(), g.dq.byte_size());
+  dk.download(g.dk.bytes.data(), g.dk.byte_size());
+  dv.download(g.dv.bytes.data(), g.dv.byte_size());
+  return g;
+}
+
+namespace {
+/// Throws std::logic_error when `step` computes another pass than `pass` (a caller's mistake).
+void require_pass(const StepInfo& step, Pass pass) {
+  if (step.pass != pass)
+    throw std::logic_error("step " + step.label() + " computes the " + to_string(step.pass) + " pass, not the " +
+                           to_string(pass) + " pass");
+}
+}  // namespace
+
 HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs) {
+  require_pass(step, Pass::forward);
   validate(p);
   DeviceAttention device(p, inputs, step.workspace_for(p));
-  device.o.poison();
   step.launch(p, device.tensors(), nullptr);
   FA_CUDA_CHECK(cudaDeviceSynchronize());
-  HostTensor out(p.dtype, q_shape(p));
-  device.o.download(out.bytes.data(), out.byte_size());
-  return out;
+  return device.download_o(p);
+}
+
+Gradients run_backward(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs,
+                       const BackwardInputs& backward) {
+  require_pass(step, Pass::backward);
+  validate(p);
+  DeviceAttention device(p, inputs, step.workspace_for(p), &backward);
+  step.launch(p, device.tensors(), nullptr);
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  return device.download_gradients(p);
 }
 
 }  // namespace fa

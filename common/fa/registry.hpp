@@ -34,6 +34,7 @@ struct Launcher {
   int pointer_alignment = 0;    ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   bool arch_specific = false;   ///< built for sm_<min_arch>a: runs on exactly min_arch
+  Pass pass = Pass::forward;    ///< the half of attention it computes
 };
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
@@ -54,6 +55,7 @@ struct StepInfo {
   bool arch_specific = false;
   int pointer_alignment = 0;   ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
+  Pass pass = Pass::forward;   ///< forward (O and LSE) or backward (dQ, dK, dV)
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
@@ -86,21 +88,45 @@ const StepInfo& cublas_baseline();
 /// Throws std::invalid_argument naming an id that matches nothing.
 std::vector<const StepInfo*> select_steps(const std::string& spec);
 
-/// Device copies of one problem's inputs, output and workspace.
+/// Device copies of one problem's tensors: the inputs, the outputs (poisoned with NaN until a step
+/// writes them) and the workspace. A forward call gets Q, K, V, O and LSE; a backward call also O, LSE
+/// and dO as inputs and dQ, dK, dV as outputs.
 struct DeviceAttention {
   DeviceBuffer q;          ///< Q on the device
   DeviceBuffer k;          ///< K on the device
   DeviceBuffer v;          ///< V on the device
-  DeviceBuffer o;          ///< O, poisoned with NaN until a step writes it
+  DeviceBuffer o;          ///< O: the forward's output (poisoned), or the backward's input
+  DeviceBuffer lse;        ///< LSE, f32: the forward's output (poisoned), or the backward's input
   DeviceBuffer workspace;  ///< the step's scratch memory (empty when it needs none)
-  /// Uploads the inputs, allocates O (poisoned) and `workspace_bytes` of workspace.
-  DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes);
+  DeviceBuffer d_o;        ///< dO (backward only)
+  DeviceBuffer dq;         ///< dQ (backward only), poisoned
+  DeviceBuffer dk;         ///< dK (backward only), poisoned
+  DeviceBuffer dv;         ///< dV (backward only), poisoned
+  /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
+  /// poisoned with NaN and `workspace_bytes` of workspace.
+  DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes,
+                  const BackwardInputs* backward = nullptr);
+  /// Poisons every output of the pass with NaN (O and LSE, or dQ, dK and dV).
+  void poison_outputs();
   /// The pointers a LaunchFn takes.
-  AttentionTensors tensors() const { return {q.get(), k.get(), v.get(), o.get(), workspace.get()}; }
+  AttentionTensors tensors() const;
+  /// O and LSE as the forward left them.
+  HostTensor download_o(const AttentionProblem& p) const;
+  HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len]
+  /// dQ, dK and dV as the backward left them.
+  Gradients download_gradients(const AttentionProblem& p) const;
+
+ private:
+  bool backward_ = false;
 };
 
-/// Uploads the inputs, poisons O with NaN, runs the step once, waits, and
+/// Uploads the inputs, poisons O with NaN, runs a forward step once, waits, and
 /// returns O. Throws InvalidProblem (before any GPU work) or CudaError.
 HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs);
+
+/// The same for a backward step: uploads Q, K, V and `backward` (O, LSE, dO), poisons dQ, dK and dV,
+/// runs the step once, waits, and returns the gradients.
+Gradients run_backward(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs,
+                       const BackwardInputs& backward);
 
 }  // namespace fa

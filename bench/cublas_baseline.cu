@@ -90,8 +90,9 @@ __global__ void make_pointers(const char* Q, const char* K, const char* V, char*
 }
 
 /// Row-wise safe softmax of S into P (P may alias S when both are float).
+/// Row r's log-sum-exp goes to lse[r] when lse is set (S's rows are LSE's: [batch, q_heads, q_len]).
 template <int kThreads, class TP>
-__global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool causal) {
+__global__ void softmax_rows(const float* S, TP* P, float* lse, int q_len, int kv_len, bool causal) {
   __shared__ float partial[kThreads];
   const long long row = blockIdx.x;
   const int i = int(row % q_len);
@@ -119,6 +120,8 @@ __global__ void softmax_rows(const float* S, TP* P, int q_len, int kv_len, bool 
     __syncthreads();
   }
   const float inv_l = 1.f / partial[0];
+  // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+  if (lse && threadIdx.x == 0) lse[row] = m + logf(partial[0]);
 
   for (int j = threadIdx.x; j < kv_len; j += kThreads)
     out[j] = kit::from_float<TP>(j < keys ? expf(s[j] - m) * inv_l : 0.f);
@@ -169,8 +172,8 @@ void run(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stre
 
   constexpr int kThreads = 256;
   const dim3 rows = kit::grid_1d(std::int64_t(heads) * p.q_len);  // one block per row of S
-  kit::launch(softmax_rows<kThreads, T>, rows, kThreads, 0, stream, S, static_cast<T*>(P), p.q_len, p.kv_len,
-              p.causal);
+  kit::launch(softmax_rows<kThreads, T>, rows, kThreads, 0, stream, S, static_cast<T*>(P), t.lse, p.q_len,
+              p.kv_len, p.causal);
 
   // Column-major view: O_h^T (d x Nq, ld Hq*d) = V_h-as-(d x Nkv) * P^T-as-(Nkv x Nq).
   check_cublas(cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, d, p.q_len, p.kv_len, &one,

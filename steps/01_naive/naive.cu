@@ -53,6 +53,8 @@ __global__ void naive_attention_kernel(kit::Heads<T> s, std::int64_t total_outpu
   for (int j = 0; j < keys; ++j) acc += expf(score(j) - m) * kit::to_float(V_head[j * kv_stride + c]);
 
   s.O[idx] = kit::from_float<T>(acc / l);
+  // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+  if (s.LSE && c == 0) s.lse_head(b, h)[i] = m + logf(l);
 }
 
 /// Validates the problem, then launches one thread per output element on `stream`.

@@ -85,6 +85,8 @@ __global__ void reductions_attention_kernel(kit::Heads<T> s) {
   const float l = block_sum(thread_sum, scratch);
 
   s.o_head(b, h)[i * s.q_stride() + c] = kit::from_float<T>(acc / l);
+  // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+  if (s.LSE && c == 0) s.lse_head(b, h)[i] = m + logf(l);
 }
 
 /// Validates the problem, then launches one block of head_dim threads per output row on `stream`.

@@ -132,6 +132,9 @@ minimal_fa1_kernel(kit::Heads<T, d> s, float* __restrict__ O_acc, float* __restr
   // float accumulator this thread wrote itself.
   for (int row = tx; row < s.q_len; row += Br)
     for (int x = 0; x < d; ++x) O_bh[row * q_stride + x] = kit::from_float<T>(O_acc_bh[row * d + x]);
+  // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+  if (s.LSE)
+    for (int row = tx; row < s.q_len; row += Br) s.lse_head(b, h)[row] = m_bh[row] + logf(l_bh[row]);
 }
 
 /// O accumulates in float even for half inputs, and l and m keep one float per query row, all in

@@ -137,6 +137,8 @@ tiled_online_softmax_kernel(kit::Heads<T, D> s) {
   if (i < s.q_len) {
     const float l_row = l[y];  // written by lane 0 before the loop's last barrier
     for (int c = x; c < D; c += Bc) O_head[i * q_stride + c] = kit::from_float<T>(O_i[y * D + c] / l_row);
+    // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+    if (s.LSE && x == 0) s.lse_head(b, h)[i] = m[y] + logf(l_row);
   }
 }
 

@@ -167,6 +167,8 @@ sp_reuse_kernel(kit::Heads<T, D> s) {
     const float l_row = l[y];  // written by lane 0 before the loop's last barrier
 #pragma unroll
     for (int u = 0; u < kColumnsPerLane; ++u) O_head[i * q_stride + x + u * Bc] = kit::from_float<T>(O_acc[u] / l_row);
+    // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+    if (s.LSE && x == 0) s.lse_head(b, h)[i] = m[y] + logf(l_row);
   }
 }
 

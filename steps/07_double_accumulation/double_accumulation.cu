@@ -34,7 +34,15 @@ __device__ double fma(double a, float b, double c) { return ::fma(a, double(b), 
 __device__ double exp_of_difference(double a, double b) { return exp(a - b); }
 /// a / b in double, then one rounding to float.
 __device__ float div_to_float(double a, double b) { return float(a / b); }
+/// m + ln(l) in double (a row's log-sum-exp), then one rounding to float.
+__device__ float log_sum_exp_to_float(double m, double l) { return float(m + log(l)); }
 ///@}
+/// m + ln(l) rounded to float for Acc = ff::FloatFloat (float_float.cuh has no log): ln(l) =
+/// ln(l.hi) + ln(1 + l.lo / l.hi), and |l.lo / l.hi| <= u makes the second term l.lo / l.hi to within
+/// u^2. What remains is logf's own error (1 ulp of ln(l)), as float-accurate as ff::exp.
+__device__ float log_sum_exp_to_float(ff::FloatFloat m, ff::FloatFloat l) {
+  return m.hi + (m.lo + (logf(l.hi) + l.lo / l.hi));
+}
 
 /// Bytes of dynamic shared memory: Q_i (Br x D), K_j and V_j (Bc rows of D + 4
 /// words each) in float, the S/P tile (Br x Bc) and m and l (Br) in Acc: with
@@ -187,6 +195,8 @@ double_accumulation_kernel(kit::Heads<T, D> s) {
 #pragma unroll
     for (int u = 0; u < kColumnsPerLane; ++u)
       O_head[i * q_stride + x + u * Bc] = kit::from_float<T>(div_to_float(O_acc[u], l_row));
+    // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+    if (s.LSE && x == 0) s.lse_head(b, h)[i] = log_sum_exp_to_float(m[y], l_row);
   }
 }
 

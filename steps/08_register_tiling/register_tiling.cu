@@ -294,6 +294,8 @@ register_tiling_kernel(kit::Heads<T, D> s) {
                                        O_acc[i][4 * g + 2] * inv_l, O_acc[i][4 * g + 3] * inv_l);
         store4(O_head + row * q_stride + column_of(tx, 4 * g), out);
       }
+      // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+      if (s.LSE && tx == 0) s.lse_head(b, h)[row] = m[i] + logf(l_row);
     }
   }
 }

@@ -295,6 +295,9 @@ fma_exp_kernel(kit::Heads<T, D> s, float scale_log2) {
           const std::uint32_t bits = pack2<T>(O_acc[mt][c][2 * r] * inv_l, O_acc[mt][c][2 * r + 1] * inv_l);
           *reinterpret_cast<std::uint32_t*>(O_head + i * q_stride + c * 8 + 2 * t) = bits;
         }
+        // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+        if (s.LSE != nullptr && t == 0)
+          s.lse_head(b, h)[i] = (m[mt][r] * (kRawMax ? scale_log2 : 1.f) + log2f(row_l)) / kLog2e;
       }
     }
   }

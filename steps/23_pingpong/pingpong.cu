@@ -370,6 +370,10 @@ pingpong_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant
         const std::uint32_t bits = pack2<T>(O_acc[c][2 * r] * inv_l, O_acc[c][2 * r + 1] * inv_l);
         *reinterpret_cast<std::uint32_t*>(O_head + i * q_stride + c * 8 + 2 * t) = bits;
       }
+      // The row's log-sum-exp, which the backward recomputes P from: exp(scale q.k - LSE) = P.
+      if (s.LSE != nullptr && t == 0)
+        s.lse_head(b, h)[i] =
+            row_l > 0.f ? (m[r] * (kRawMax ? scale_log2 : 1.f) + log2f(row_l)) * (1.f / kLog2e) : INFINITY;
     }
   }
 }

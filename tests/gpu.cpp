@@ -46,6 +46,13 @@ std::vector<const StepInfo*> steps_under_test() {
   return select_steps(g_step_filter.empty() ? "all,cublas" : g_step_filter);
 }
 
+std::vector<const StepInfo*> steps_under_test(Pass pass) {
+  std::vector<const StepInfo*> steps;
+  for (const StepInfo* s : steps_under_test())
+    if (s->pass == pass) steps.push_back(s);
+  return steps;
+}
+
 std::uint64_t fresh_seed() {
   static std::random_device device;
   return (std::uint64_t(device()) << 32) ^ device();

@@ -55,8 +55,9 @@ Options parse(int argc, char** argv) {
 }
 
 /// Median time of `reps` launches of `step` on problem p, in ms.
-double median_ms(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& in, int reps = 21) {
-  DeviceAttention device(p, in, step.workspace_for(p));
+double median_ms(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& in,
+                 const BackwardInputs* backward, int reps = 21) {
+  DeviceAttention device(p, in, step.workspace_for(p), step.pass == Pass::backward ? backward : nullptr);
   CudaEventTimer timer;
   std::vector<double> ms;
   for (int r = 0; r < reps + 2; ++r) {
@@ -105,15 +106,14 @@ int main(int argc, char** argv) {
     std::map<std::string, test::Prepared> prepared;  // by case, shared by the launchers and the mutants
     auto prepare = [&](const test::Case& c, std::uint64_t seed) -> const test::Prepared& {
       auto it = prepared.find(c.describe());
-      if (it == prepared.end()) it = prepared.emplace(c.describe(), test::prepare(c, seed)).first;
+      if (it == prepared.end()) it = prepared.emplace(c.describe(), test::prepare(c, seed, ex.launchers.front().second.pass)).first;
       return it->second;
     };
     for (std::size_t l = 0; l < ex.launchers.size(); ++l) {
       const auto& [export_name, launcher] = ex.launchers[l];
       const StepInfo step{"exercise", ex.id, ex.name, export_name, launcher};
-      std::vector<test::Case> cases = test::shape_cases(launcher.dtypes, launcher.head_dims, options.max_len);
-      for (const test::Case& c : test::stress_cases(launcher.dtypes, launcher.head_dims, options.max_len))
-        cases.push_back(c);
+      const std::vector<test::Case> cases =
+          test::graded_cases(launcher.dtypes, launcher.head_dims, options.max_len, launcher.pass);
       if (l == 0) signature_cases = cases;
       std::printf("== %s (%s)\n", export_name.c_str(), ex.name.c_str());
       for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
         if (m.caught_by == "zero-tiles") continue;  // a probe of the zero-tile test, not a mistake
         if (m.caught_by == "sass") continue;        // passes every case: nothing to match
         const StepInfo step = m.as_step();
+        if (step.pass != ex.launchers.front().second.pass) continue;  // the other pass's mistakes
         std::set<std::size_t> mutant_failing;
         std::size_t compared = 0;
         for (std::size_t i = 0; i < signature_cases.size(); ++i) {
@@ -204,17 +205,20 @@ int main(int argc, char** argv) {
         references = select_steps(previous);
       }
       for (const StepInfo* step : select_steps(ex.id)) references.push_back(step);
+      std::erase_if(references, [&](const StepInfo* s) { return s->pass != launcher.pass; });  // same pass only
       for (const bool causal : {false, true}) {
         AttentionProblem p;
         p.batch = 4, p.q_len = 1024, p.kv_len = 1024, p.q_heads = 8, p.kv_heads = 8, p.causal = causal;
         p.head_dim = launcher.head_dims.front(), p.dtype = launcher.dtypes.front();
         const AttentionInputs in = random_inputs(p, options.seed);
-        const double exercise_ms = median_ms(mine, p, in);
+        BackwardInputs backward;
+        if (launcher.pass == Pass::backward) backward = forward_for_backward(p, in, options.seed);
+        const double exercise_ms = median_ms(mine, p, in, &backward);
         std::printf("\nbench, %s, median of 21 launches:\n  %-14s %9.4f ms\n", p.describe().c_str(), "exercise",
                     exercise_ms);
         for (const StepInfo* reference : references) {
           if (!reference->supports(p.dtype) || !reference->supports_head_dim(p.head_dim)) continue;
-          const double ms = median_ms(*reference, p, in);
+          const double ms = median_ms(*reference, p, in, &backward);
           std::printf("  step %-9s %9.4f ms  (the exercise takes %.2fx its time)\n", reference->label().c_str(), ms,
                       exercise_ms / ms);
         }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace fa::test {
 namespace {
@@ -107,6 +108,14 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
   return out;
 }
 
+std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len,
+                               Pass pass) {
+  std::vector<Case> cases = shape_cases(dtypes, head_dims, max_len);
+  for (const Case& c : stress_cases(dtypes, head_dims, max_len))
+    if (!(pass == Pass::backward && c.kind == InputKind::dominant_key)) cases.push_back(c);
+  return cases;
+}
+
 std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& cases) {
   std::vector<Case> out;
   for (const Case& c : cases)
@@ -114,7 +123,7 @@ std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& ca
   return out;
 }
 
-Prepared prepare(const Case& c, std::uint64_t seed) {
+Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
   Prepared prep;
   prep.seed = seed;
   AttentionProblem p = c.problem;
@@ -149,7 +158,21 @@ Prepared prepare(const Case& c, std::uint64_t seed) {
   }
 
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
-  prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score);
+  prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score, &prep.expected_lse);
+  if (pass == Pass::backward) {
+    // What the forward hands the backward, as a forward step would store it: O in the dtype, LSE in
+    // f32; and the gradient flowing in, dO, of order 1 like O. The gradients are those of the exact
+    // function at these inputs (O and LSE exact): the rounding of O and LSE is part of the error.
+    prep.backward = true;
+    BackwardInputs& b = prep.backward_inputs;
+    b.o = HostTensor(p.dtype, q_shape(p));
+    for (std::int64_t e = 0; e < b.o.numel(); ++e) b.o.set(e, prep.expected[e]);
+    b.lse = HostTensor(DType::f32, lse_shape(p));
+    for (std::int64_t e = 0; e < b.lse.numel(); ++e) b.lse.set(e, prep.expected_lse[e]);
+    b.d_o = random_tensor(p.dtype, q_shape(p), seed * 3 + 4);
+    ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double());
+    prep.expected_dq = std::move(g.dq), prep.expected_dk = std::move(g.dk), prep.expected_dv = std::move(g.dv);
+  }
   if (c.kind == InputKind::zero_scale || c.kind == InputKind::dominant_key) {
     // The exact answer, independent of the reference: the mean of V's visible rows, or V's row 0.
     for (int b = 0; b < p.batch; ++b)
@@ -172,27 +195,48 @@ Prepared prepare(const Case& c, std::uint64_t seed) {
   return prep;
 }
 
+namespace {
+/// The first failing verdict of O and LSE (or of dQ, dK and dV) the call left in `device`; when all
+/// pass, the one closest to its bound.
+Verdict judge_call(const StepInfo& step, const AttentionProblem& p, const DeviceAttention& device,
+                   const Prepared& prepared) {
+  std::vector<Verdict> verdicts;
+  if (step.pass == Pass::forward) {
+    verdicts.push_back(judge(device.download_o(p), prepared.expected, p.head_dim, prepared.max_abs_score));
+    verdicts.push_back(judge_lse(device.download_lse(p), prepared.expected_lse, prepared.max_abs_score));
+  } else {
+    const Gradients g = device.download_gradients(p);
+    verdicts.push_back(judge_gradient(g.dq, prepared.expected_dq, p.head_dim, prepared.max_abs_score, "dQ"));
+    verdicts.push_back(judge_gradient(g.dk, prepared.expected_dk, p.head_dim, prepared.max_abs_score, "dK"));
+    verdicts.push_back(judge_gradient(g.dv, prepared.expected_dv, p.head_dim, prepared.max_abs_score, "dV"));
+  }
+  for (const Verdict& v : verdicts)
+    if (!v.passed()) return v;
+  auto closeness = [](const Verdict& v) { return v.global.rel_l2 / v.tolerance.rel_l2; };
+  return *std::max_element(verdicts.begin(), verdicts.end(),
+                           [&](const Verdict& a, const Verdict& b) { return closeness(a) < closeness(b); });
+}
+}  // namespace
+
 Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared) {
   AttentionProblem p = c.problem;
   if (c.kind == InputKind::zero_scale) p.scale = 0.f;
+  if (step.pass == Pass::backward && !prepared.backward)
+    throw std::logic_error("run_case: step " + step.label() + " is a backward step; prepare its case for Pass::backward");
   try {
-    if (step.workspace_for(p) == 0) {
-      const HostTensor out = run_step(step, p, prepared.inputs);
-      return judge(out, prepared.expected, p.head_dim, prepared.max_abs_score);
-    }
+    validate(p);
+    DeviceAttention device(p, prepared.inputs, step.workspace_for(p),
+                           step.pass == Pass::backward ? &prepared.backward_inputs : nullptr);
     // A step that counts in its workspace (step 25's tile scheduler) must leave it as it found it: every
     // caller (fa-bench, a framework) launches again on the same buffers. It runs twice here, each call
-    // onto a poisoned O, and both outputs are judged.
-    validate(p);
-    DeviceAttention device(p, prepared.inputs, step.workspace_for(p));
+    // onto poisoned outputs, and both are judged.
+    const int calls = step.workspace_for(p) == 0 ? 1 : 2;
     Verdict verdict;
-    for (int call = 0; call < 2 && verdict.passed(); ++call) {
-      device.o.poison();
+    for (int call = 0; call < calls && verdict.passed(); ++call) {
+      device.poison_outputs();
       step.launch(p, device.tensors(), nullptr);
       FA_CUDA_CHECK(cudaDeviceSynchronize());
-      HostTensor out(p.dtype, q_shape(p));
-      device.o.download(out.bytes.data(), out.byte_size());
-      verdict = judge(out, prepared.expected, p.head_dim, prepared.max_abs_score);
+      verdict = judge_call(step, p, device, prepared);
       if (call == 1 && !verdict.passed()) verdict.failed = kSecondCall + verdict.failed;
     }
     return verdict;

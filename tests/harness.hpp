@@ -45,27 +45,44 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
 /// Top-left causal masking leaves every row at least key 0, so no row is fully masked.
 std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
 
+/// The shape table, then the stress cases: every case a step of `pass` is graded on. The backward
+/// leaves out the dominant key, whose gradients (dQ, dK) are zero to within e^-40 and so smaller than
+/// any rounding of O in D_i = dO_i . O_i: a relative bound has nothing to measure there.
+std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len,
+                               Pass pass);
+
 /// The cases `step` supports out of `cases`.
 std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& cases);
 
 /// A case made ready to run: its inputs (fresh for every seed) and the output it must give.
 struct Prepared {
   AttentionInputs inputs;         ///< Q, K, V
-  std::vector<double> expected;   ///< the float64 reference, or the exact answer where one is known
+  std::vector<double> expected;   ///< O: the float64 reference, or the exact answer where one is known
+  std::vector<double> expected_lse;  ///< LSE, [batch, q_heads, q_len], from the float64 reference
   double max_abs_score = 0;       ///< largest |scale q.k|: the tolerances grow with it
   std::uint64_t seed = 0;         ///< the seed the inputs came from
+  /// Prepared for a backward step: O (the reference's, rounded to the dtype), LSE (rounded to f32)
+  /// and a random dO, and the gradients they must give.
+  bool backward = false;
+  BackwardInputs backward_inputs;      ///< O, LSE and dO, when `backward`
+  std::vector<double> expected_dq;     ///< dQ from the float64 reference, when `backward`
+  std::vector<double> expected_dk;     ///< dK, summed over each KV head's group
+  std::vector<double> expected_dv;     ///< dV, summed likewise
 };
 
-/// Draws the case's inputs from `seed` and computes what the output must be.
-Prepared prepare(const Case& c, std::uint64_t seed);
+/// Draws the case's inputs from `seed` and computes what the output must be; for Pass::backward also
+/// dO and the gradients.
+Prepared prepare(const Case& c, std::uint64_t seed, Pass pass = Pass::forward);
 
 /// How run_case names a failure of the second call of a step that asks for a workspace: the first
 /// call passed, so the step left its workspace in a state the next call cannot start from.
 inline constexpr char kSecondCall[] = "second call on the same workspace: ";
 
-/// Runs `step` on the prepared case (output poisoned with NaN first) and judges every element. A step
-/// that asks for a workspace runs twice on the same buffers and both outputs are judged (the second
-/// call's failure starts with kSecondCall). A launcher that throws fails with check "threw: <message>".
+/// Runs `step` on the prepared case (outputs poisoned with NaN first) and judges every element: a
+/// forward step's O and LSE, a backward step's dQ, dK and dV (the verdict names the first tensor that
+/// fails). A step that asks for a workspace runs twice on the same buffers and both outputs are judged
+/// (the second call's failure starts with kSecondCall). A launcher that throws fails with check
+/// "threw: <message>". A backward step needs a case prepared for Pass::backward.
 Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared);
 
 }  // namespace fa::test

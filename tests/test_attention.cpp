@@ -22,13 +22,13 @@ using namespace fa;
 namespace {
 
 using test::fresh_seed;
-std::vector<const StepInfo*> under_test() { return test::steps_under_test(); }
+std::vector<const StepInfo*> under_test(Pass pass = Pass::forward) { return test::steps_under_test(pass); }
 
-/// Every dtype and head_dim some step under test supports.
+/// Every dtype and head_dim some step under test (of `pass`) supports.
 std::vector<DType> all_dtypes() { return {kAllDTypes, kAllDTypes + 3}; }
-std::vector<int> all_head_dims() {
+std::vector<int> all_head_dims(Pass pass) {
   std::set<int> dims;
-  for (const StepInfo* s : under_test()) dims.insert(s->head_dims.begin(), s->head_dims.end());
+  for (const StepInfo* s : under_test(pass)) dims.insert(s->head_dims.begin(), s->head_dims.end());
   return {dims.begin(), dims.end()};
 }
 
@@ -41,28 +41,36 @@ struct Planned {
 /// The cases `make` (test::shape_cases or test::stress_cases) writes for every step under test: its
 /// table at d = 64, which every step that takes d = 64 runs (other head_dims get a few shapes), and
 /// the table again at a step's own head_dims where it lacks 64 (step 19 takes d = 128 only), run by
-/// those steps alone.
+/// those steps alone. The backward's leave out what test::graded_cases leaves out for it.
 template <class Make>
-std::vector<Planned> planned(Make make) {
+std::vector<Planned> planned(Make make, Pass pass = Pass::forward) {
+  auto graded = [&](const std::vector<int>& dims) {
+    std::vector<test::Case> cases = make(all_dtypes(), dims, test::max_len());
+    const std::vector<test::Case> all = test::graded_cases(all_dtypes(), dims, test::max_len(), pass);
+    std::erase_if(cases, [&](const test::Case& c) {
+      return std::none_of(all.begin(), all.end(), [&](const test::Case& a) { return a.describe() == c.describe() && a.kind == c.kind; });
+    });
+    return cases;
+  };
   std::vector<Planned> out;
-  for (const test::Case& c : make(all_dtypes(), all_head_dims(), test::max_len())) out.push_back({c, false});
+  for (const test::Case& c : graded(all_head_dims(pass))) out.push_back({c, false});
   std::set<std::vector<int>> without_64;
-  for (const StepInfo* s : under_test())
+  for (const StepInfo* s : under_test(pass))
     if (!s->supports_head_dim(64)) without_64.insert(s->head_dims);
   for (const std::vector<int>& dims : without_64)
-    for (const test::Case& c : make(all_dtypes(), dims, test::max_len())) out.push_back({c, true});
+    for (const test::Case& c : graded(dims)) out.push_back({c, true});
   return out;
 }
 
-/// Runs every step under test that supports the case on one fresh draw of its inputs.
-void check_case(const test::Case& c, bool only_without_64 = false) {
+/// Runs every step under test (of `pass`) that supports the case on one fresh draw of its inputs.
+void check_case(const test::Case& c, bool only_without_64 = false, Pass pass = Pass::forward) {
   std::vector<const StepInfo*> steps;
-  for (const StepInfo* s : under_test())
+  for (const StepInfo* s : under_test(pass))
     if (s->supports(c.problem.dtype) && s->supports_head_dim(c.problem.head_dim) && test::runs_here(*s) &&
         !(only_without_64 && s->supports_head_dim(64)))
       steps.push_back(s);
   if (steps.empty()) return;  // no step under test takes this dtype/head_dim
-  const test::Prepared prepared = test::prepare(c, fresh_seed());
+  const test::Prepared prepared = test::prepare(c, fresh_seed(), pass);
   INFO(c.describe() << " seed=" << prepared.seed);
   for (const StepInfo* step : steps) {
     INFO("step " << step->label());
@@ -198,4 +206,29 @@ TEST_CASE("higher-precision accumulation is well below float accumulation's erro
     CHECK(error.rel_l2 <= kBound);
     CHECK(error.rel_l2 * kFactor <= float_error.rel_l2);
   }
+}
+
+TEST_CASE("the backward's gradients match the float64 CPU reference", "[gpu][backward]") {
+  // dQ, dK and dV of every backward step under test on the shape table, given O and LSE as a forward
+  // step stores them (rounded from the reference) and a random dO; every element of each gradient is
+  // poisoned first and checked.
+  FA_REQUIRE_GPU();
+  const std::vector<Planned> cases = planned(test::shape_cases, Pass::backward);
+  if (cases.empty()) {
+    WARN("no shape case is within --max-len " << test::max_len() << ": none run");
+    return;
+  }
+  const Planned p = GENERATE_COPY(from_range(cases));
+  check_case(p.c, p.only_without_64, Pass::backward);
+}
+
+TEST_CASE("the backward stays right on inputs that stress the numerics", "[gpu][backward]") {
+  FA_REQUIRE_GPU();
+  const std::vector<Planned> cases = planned(test::stress_cases, Pass::backward);
+  if (cases.empty()) {
+    WARN("no stress case is within --max-len " << test::max_len() << ": none run");
+    return;
+  }
+  const Planned p = GENERATE_COPY(from_range(cases));
+  check_case(p.c, p.only_without_64, Pass::backward);
 }

@@ -19,15 +19,18 @@ TEST_CASE("every known-wrong kernel fails the harness", "[gpu][mutants]") {
   FA_REQUIRE_GPU();
   const std::vector<DType> dtypes(kAllDTypes, kAllDTypes + 3);
   const std::vector<int> head_dims = {32, 64, 128};
-  std::vector<test::Case> cases = test::shape_cases(dtypes, head_dims, test::max_len());
-  for (const test::Case& c : test::stress_cases(dtypes, head_dims, test::max_len())) cases.push_back(c);
+  // The cases of each pass, in the harness's order (a backward mutant meets the backward's cases).
+  std::map<Pass, std::vector<test::Case>> cases_of;
+  for (Pass pass : {Pass::forward, Pass::backward})
+    cases_of[pass] = test::graded_cases(dtypes, head_dims, test::max_len(), pass);
 
   // Each case's inputs and expected output, made once and shared by the mutants that reach it.
   const std::uint64_t seed = test::fresh_seed();
-  std::map<std::size_t, test::Prepared> prepared;
-  auto prepare = [&](std::size_t i) -> const test::Prepared& {
-    auto it = prepared.find(i);
-    if (it == prepared.end()) it = prepared.emplace(i, test::prepare(cases[i], seed + i)).first;
+  std::map<std::pair<Pass, std::size_t>, test::Prepared> prepared;
+  auto prepare = [&](Pass pass, std::size_t i) -> const test::Prepared& {
+    auto it = prepared.find({pass, i});
+    if (it == prepared.end())
+      it = prepared.emplace(std::pair{pass, i}, test::prepare(cases_of[pass][i], seed + i, pass)).first;
     return it->second;
   };
 
@@ -54,13 +57,14 @@ TEST_CASE("every known-wrong kernel fails the harness", "[gpu][mutants]") {
       continue;
     }
     std::string caught = "nothing: PASSES THE HARNESS";
+    const std::vector<test::Case>& cases = cases_of[step.pass];
     for (std::size_t i = 0; i < cases.size(); ++i) {
       if (!step.supports(cases[i].problem.dtype) || !step.supports_head_dim(cases[i].problem.head_dim)) continue;
       watchdog.start("mutant " + mutant.name + ", " + cases[i].describe(), 0);
-      const Verdict verdict = test::run_case(step, cases[i], prepare(i));
+      const Verdict verdict = test::run_case(step, cases[i], prepare(step.pass, i));
       watchdog.stop();
       if (!verdict.passed()) {
-        caught = cases[i].describe() + " -> " + verdict.failed;
+        caught = cases[i].describe() + " -> " + verdict.tensor + ": " + verdict.failed;
         break;
       }
     }
@@ -85,11 +89,13 @@ TEST_CASE("run one mutant on a small problem, for a sanitizer to watch", "[.][mu
   INFO("--mutant " << name);
   REQUIRE(mutant != nullptr);
   if (!test::runs_here(mutant->as_step())) return;
-  AttentionProblem p;
+  test::Case c{"a sanitizer's small problem", {}, test::InputKind::uniform};
+  AttentionProblem& p = c.problem;
   p.batch = 1, p.q_len = 7, p.kv_len = 100, p.q_heads = 2, p.kv_heads = 1;
   p.head_dim = mutant->launcher.head_dims.front(), p.dtype = mutant->launcher.dtypes.front();
-  const HostTensor out = run_step(mutant->as_step(), p, random_inputs(p, test::fresh_seed()));
-  CHECK(out.numel() == p.q_elements());
+  const StepInfo step = mutant->as_step();
+  const test::Prepared prepared = test::prepare(c, test::fresh_seed(), step.pass);
+  test::run_case(step, c, prepared);  // the verdict does not matter here
 }
 
 TEST_CASE("the Hopper steps finish with zero K/V tiles and write O = 0", "[gpu][mutants]") {

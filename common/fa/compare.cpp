@@ -26,18 +26,26 @@ Tolerance tolerance_for(DType dtype, double max_abs_score) {
 
 std::string Verdict::describe() const {
   std::ostringstream out;
-  out << (passed() ? "passed" : "failed: " + failed) << " (" << global.describe() << " worst_row_rel="
+  out << (passed() ? "passed" : "failed: " + tensor + ": " + failed) << " (" << global.describe() << " worst_row_rel="
       << worst_row_rel << "; bounds rel_l2 " << tolerance.rel_l2 << ", row " << tolerance.row_rel << ", max_abs "
       << tolerance.max_abs << ")";
   return out.str();
 }
 
-Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score) {
+namespace {
+/// judge()'s checks with given bounds: a row's relative error is measured against the larger of its
+/// norm and `row_floor` times the RMS row norm, and max_abs against `abs_scale` times the bound.
+Verdict judge_with(const HostTensor& out, const std::vector<double>& ref, int row_length, Tolerance tolerance,
+                   double row_floor, double abs_scale) {
   Verdict v;
-  v.tolerance = tolerance_for(out.dtype, max_abs_score);
+  v.tolerance = tolerance;
+  v.tolerance.max_abs *= abs_scale;
   v.global = compare(out, ref);
   const std::vector<double> values = out.to_double();
   const std::int64_t rows = std::int64_t(values.size()) / row_length;
+  double all_ref2 = 0;
+  for (double r : ref) all_ref2 += r * r;
+  const double floor2 = rows > 0 ? row_floor * row_floor * all_ref2 / double(rows) : 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     double diff2 = 0, ref2 = 0;
     for (std::int64_t c = r * row_length; c < (r + 1) * row_length; ++c) {
@@ -45,6 +53,7 @@ Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_len
       diff2 += std::isfinite(d) ? d * d : INFINITY;
       ref2 += ref[c] * ref[c];
     }
+    ref2 = std::max(ref2, floor2);
     const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
     if (!(rel <= v.worst_row_rel)) {  // also takes NaN and infinity
       v.worst_row_rel = rel;
@@ -59,6 +68,38 @@ Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_len
     v.failed = "one row's relative error (row " + std::to_string(v.worst_row) + ")";
   else if (!(v.global.max_abs <= v.tolerance.max_abs))
     v.failed = "max abs error";
+  return v;
+}
+}  // namespace
+
+Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score) {
+  return judge_with(out, ref, row_length, tolerance_for(out.dtype, max_abs_score), 0.0, 1.0);
+}
+
+Tolerance gradient_tolerance_for(DType dtype, double max_abs_score) {
+  Tolerance t = tolerance_for(dtype, max_abs_score);
+  const double scores = 8.0 * std::ldexp(std::abs(max_abs_score), -24);
+  t.rel_l2 = 2 * (t.rel_l2 - scores) + scores;
+  t.max_abs = 2 * (t.max_abs - scores) + scores;
+  t.row_rel = 2 * t.rel_l2;
+  return t;
+}
+
+double lse_tolerance(double max_abs_score) { return 2e-5 + 16.0 * std::ldexp(std::abs(max_abs_score), -24); }
+
+Verdict judge_gradient(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score,
+                       const std::string& tensor) {
+  double largest = 0;
+  for (double r : ref) largest = std::max(largest, std::abs(r));
+  Verdict v = judge_with(out, ref, row_length, gradient_tolerance_for(out.dtype, max_abs_score), 1.0, largest);
+  v.tensor = tensor;
+  return v;
+}
+
+Verdict judge_lse(const HostTensor& out, const std::vector<double>& ref, double max_abs_score) {
+  const double bound = lse_tolerance(max_abs_score);
+  Verdict v = judge_with(out, ref, 1, {INFINITY, bound, INFINITY}, 0.0, 1.0);
+  v.tensor = "LSE";
   return v;
 }
 

@@ -47,6 +47,25 @@ struct Tolerance {
 /// 5e-5 at logits of standard deviation 30, 5e-4 with an offset of +1000 on every score.
 Tolerance tolerance_for(DType dtype, double max_abs_score = 0);
 
+/// The tolerances of a gradient (dQ, dK or dV), written once.
+///
+/// A gradient is the end of a longer chain than O: P is recomputed from LSE, dP - D subtracts two dot
+/// products of the same size, and dS = P (dP - D) feeds two more products. Each dtype's bounds are
+/// twice the forward's: f16 rounds O (in D), P and dS (on tensor cores) and the gradient itself to 11
+/// bits, bf16 to 8, f32 carries float rounding through twice as many sums. Gradients are not of order 1
+/// (dV of key 0 sums over every query row under a causal mask), so max_abs is relative to the largest
+/// |reference| element of the tensor, and a row's error is relative to its own norm or to the RMS row
+/// norm, whichever is larger: a row whose gradient cancels to near zero (a saturated softmax row, where
+/// dP_ij - D_i is the difference of two nearly equal numbers) is judged against a typical row.
+/// The score term is the forward's.
+Tolerance gradient_tolerance_for(DType dtype, double max_abs_score = 0);
+
+/// The largest absolute error of one LSE element: 2e-5 (a float log of a float sum of exponentials
+/// that each carry ex2.approx's 2^-22) plus the forward's score term doubled, 16 * 2^-24 * max|S| (LSE
+/// holds the row max at its magnitude). A wrong LSE (a log2, a missing max, a wrong row) is off by
+/// order 1.
+double lse_tolerance(double max_abs_score = 0);
+
 /// What the harness concluded about one output: the errors, the bounds, and the first check that
 /// failed, in the order they are made: non-finite outputs, relative L2, worst row, max abs.
 struct Verdict {
@@ -55,6 +74,7 @@ struct Verdict {
   std::int64_t worst_row = -1;      ///< that row's index (b, i, h flattened), -1 if none
   Tolerance tolerance{};            ///< the bounds applied
   std::string failed;               ///< "" when every check passed; else the first failing check
+  std::string tensor = "O";         ///< what was judged: "O", "LSE", "dQ", "dK" or "dV"
   /// True when every check passed.
   bool passed() const { return failed.empty(); }
   /// "failed: <check> (<numbers>)" or "passed (<numbers>)", for messages and tables.
@@ -64,6 +84,15 @@ struct Verdict {
 /// Compares out with ref row by row (rows of row_length elements) and against tolerance_for(dtype,
 /// max_abs_score). Rows with a zero reference norm are judged by their absolute error.
 Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score = 0);
+
+/// A gradient (dQ, dK or dV) against its float64 reference, with gradient_tolerance_for's bounds: max
+/// abs relative to max |ref|, each row relative to the larger of its norm and the RMS row norm.
+Verdict judge_gradient(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score,
+                       const std::string& tensor);
+
+/// LSE (f32, one value per query row) against its float64 reference, element by element with
+/// lse_tolerance's bound.
+Verdict judge_lse(const HostTensor& out, const std::vector<double>& ref, double max_abs_score = 0);
 
 /// Compares out (any dtype) with ref element by element.
 ErrorStats compare(const HostTensor& out, const std::vector<double>& ref);

@@ -57,10 +57,10 @@ std::vector<std::int64_t> q_shape(const AttentionProblem& p) {
 }
 
 std::vector<std::int64_t> kv_shape(const AttentionProblem& p) {
-  return {p.batch, p.kv_len, p.kv_heads, p.head_dim}
-
-std::vector<std::int64_t> lse_shape(const AttentionProblem& p) { return {p.batch, p.q_heads, p.q_len}; };
+  return {p.batch, p.kv_len, p.kv_heads, p.head_dim};
 }
+
+std::vector<std::int64_t> lse_shape(const AttentionProblem& p) { return {p.batch, p.q_heads, p.q_len}; }
 
 namespace {
 /// splitmix64: tiny, fast, and identical everywhere (std distributions are not).

@@ -7,6 +7,7 @@
 // and checks that it refuses the ones it does not list.
 #include "fa/registry.hpp"
 
+#include "fa/cuda_check.hpp"
 #include "fa/kit.hpp"
 
 #include <algorithm>
@@ -44,6 +45,8 @@ namespace step22 { Launcher launcher(); }
 namespace step23 { Launcher launcher(); }
 namespace step24 { Launcher launcher(); }
 namespace step25 { Launcher launcher(); }
+namespace step26 { Launcher launcher(); }
+namespace step27 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -133,6 +136,13 @@ const std::vector<StepInfo>& all_steps() {
       {"25", "", "persistent_grid",
        "a persistent grid: one block per SM takes work tiles in turn (heads a section at a time, heaviest first), copying the next while it finishes this one",
        step25::launcher()},
+      // The backward pass: dQ, dK, dV from Q, K, V, O, the forward's LSE and dO.
+      {"26", "", "naive_backward",
+       "the backward, one formula per kernel: P recomputed from the forward's LSE, P and dS (Nq x Nkv) in memory",
+       step26::launcher()},
+      {"27", "", "flash_backward",
+       "FlashAttention-2's backward: a block per K/V tile keeps dK, dV on chip while Q, dO tiles stream past; dQ by float atomics",
+       step27::launcher()},
   };
   return steps;
 }
@@ -300,6 +310,21 @@ HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const Atten
   step.launch(p, device.tensors(), nullptr);
   FA_CUDA_CHECK(cudaDeviceSynchronize());
   return device.download_o(p);
+}
+
+BackwardInputs forward_for_backward(const AttentionProblem& p, const AttentionInputs& inputs, std::uint64_t seed) {
+  validate(p);
+  const int arch = kit::device_arch();
+  const StepInfo* forward = nullptr;
+  for (const StepInfo& s : all_steps())
+    if (s.pass == Pass::forward && s.supports(p.dtype) && s.supports_head_dim(p.head_dim) && s.runs_on(arch))
+      forward = &s;
+  if (!forward)
+    throw InvalidProblem("no forward step takes " + p.describe() + " on this GPU: nothing can make the backward's O and LSE");
+  DeviceAttention device(p, inputs, forward->workspace_for(p));
+  forward->launch(p, device.tensors(), nullptr);
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  return {device.download_o(p), device.download_lse(p), random_tensor(p.dtype, q_shape(p), seed * 3 + 4)};
 }
 
 Gradients run_backward(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs,

@@ -124,6 +124,11 @@ struct DeviceAttention {
 /// returns O. Throws InvalidProblem (before any GPU work) or CudaError.
 HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs);
 
+/// A backward call's inputs for timing, where no float64 reference is needed: O and LSE from the last
+/// forward step in the registry that takes p and runs on this GPU (the fastest the course has), and a
+/// dO uniform in [-1, 1) drawn from `seed`. Throws InvalidProblem when no forward step takes p.
+BackwardInputs forward_for_backward(const AttentionProblem& p, const AttentionInputs& inputs, std::uint64_t seed);
+
 /// The same for a backward step: uploads Q, K, V and `backward` (O, LSE, dO), poisons dQ, dK and dV,
 /// runs the step once, waits, and returns the gradients.
 Gradients run_backward(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs,

@@ -4,6 +4,8 @@
 /// O[b,i,h,:] = sum_j softmax_j(scale * Q[b,i,h,:]·K[b,j,h/g,:]) V[b,j,h/g,:],
 /// with g = q_heads / kv_heads and, when causal, only keys j <= i. The softmax
 /// subtracts the row maximum before exponentiating, so no score overflows.
+/// The row log-sum-exp LSE[b,h,i] = ln sum_j exp(scale * Q[b,i,h,:]·K[b,j,h/g,:]) over the same keys,
+/// and the backward's dQ, dK and dV, are computed here too, also in double.
 #pragma once
 
 #include "fa/problem.hpp"
@@ -14,16 +16,48 @@ namespace fa {
 
 /// One output row O[b, i, h, 0:head_dim] into out_row. q, k, v are whole
 /// tensors in the problem's layout, as doubles. Returns the largest |score|
-/// (|scale q.k|) of the keys the row sees.
+/// (|scale q.k|) of the keys the row sees. With lse, also the row's log-sum-exp
+/// (natural log, computed as max + ln sum exp(score - max), so it never overflows).
 double reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
-                               const double* v, int b, int i, int h, double* out_row);
+                               const double* v, int b, int i, int h, double* out_row,
+                               double* lse = nullptr);
 
 /// The whole output, rows spread over the machine's cores. Validates p.
 /// With max_abs_score, also the largest |score| of the whole problem (the
-/// tolerances grow with it: see tolerance_for).
+/// tolerances grow with it: see tolerance_for). With lse, also the row
+/// log-sum-exp, resized to [batch, q_heads, q_len] (p.lse_elements()), in the same pass.
+/// Throws std::invalid_argument naming the tensor whose size does not match p.
 std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v,
-                                        double* max_abs_score = nullptr);
+                                        double* max_abs_score = nullptr, std::vector<double>* lse = nullptr);
+
+/// The row log-sum-exp alone (V is not needed): LSE[b,h,i] = ln sum_j exp(scale q_i·k_j) over the
+/// keys row i sees, [batch, q_heads, q_len], computed stably (row maximum first). Validates p and the sizes.
+std::vector<double> reference_lse(const AttentionProblem& p, const std::vector<double>& q,
+                                  const std::vector<double>& k);
+
+/// dQ, dK and dV in double.
+struct ReferenceGradients {
+  std::vector<double> dq;  ///< dQ, [batch, q_len, q_heads, head_dim]
+  std::vector<double> dk;  ///< dK, [batch, kv_len, kv_heads, head_dim], summed over the KV head's group
+  std::vector<double> dv;  ///< dV, [batch, kv_len, kv_heads, head_dim], summed over the KV head's group
+};
+
+/// The gradients of L = sum(O * dO), O = softmax(scale Q Kᵀ, masked) V, in double at exact P and O:
+/// dV_j = sum_i P_ij dO_i; dP_ij = dO_i·V_j; D_i = dO_i·O_i; dS_ij = P_ij (dP_ij - D_i);
+/// dQ_i = scale sum_j dS_ij K_j; dK_j = scale sum_i dS_ij Q_i (i over every query row, of every
+/// query head of the KV head's group, that sees key j). A key no row sees (causal, j >= q_len) gets 0.
+///
+/// Two passes, each spread over the machine's cores: one over query rows (b, i, h) computes P, O, LSE_i,
+/// D_i and dQ_i (dQ_i needs D_i, which needs the whole row); one over keys (b, j, kv_head) recomputes
+/// P_ij = exp(s_ij - LSE_i) for the rows that see key j and sums dK_j and dV_j, as FlashAttention's
+/// backward does from the saved LSE. Each output row is written by one thread alone (no atomics, no
+/// races); memory beyond the outputs is LSE and D (two doubles per query row) and one row of
+/// probabilities per thread, never Nq x Nkv. Validates p; throws std::invalid_argument naming the
+/// tensor whose size does not match p.
+ReferenceGradients reference_attention_backward(const AttentionProblem& p, const std::vector<double>& q,
+                                                const std::vector<double>& k, const std::vector<double>& v,
+                                                const std::vector<double>& d_o);
 
 /// The trace of a row-major rows x cols matrix: the sum of its min(rows, cols)
 /// diagonal elements, added in double (exact for int sums below 2^53).

@@ -4,7 +4,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
 
 using namespace fa;
 
@@ -112,4 +118,202 @@ TEST_CASE("reference: scale 0 averages V; causal with q_len > kv_len sees every 
     for (int c = 0; c < 2; ++c) CHECK(causal[i * 2 + c] == full[i * 2 + c]);
   CHECK(causal[0] == v[0]);
   CHECK(causal[1] == v[1]);
+}
+
+// ---- The row log-sum-exp and the backward ----
+
+namespace {
+/// Row (b, i, h)'s scores scale * q_i·k_j over every key (mask not applied), straight from the definition.
+std::vector<double> scores_of(const AttentionProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                              int b, int i, int h) {
+  std::vector<double> s(p.kv_len);
+  for (int j = 0; j < p.kv_len; ++j) {
+    double dot = 0;
+    for (int c = 0; c < p.head_dim; ++c)
+      dot += q[((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim + c] *
+             k[((std::int64_t(b) * p.kv_len + j) * p.kv_heads + h / p.group_size()) * p.head_dim + c];
+    s[j] = p.softmax_scale() * dot;
+  }
+  return s;
+}
+int keys_of(const AttentionProblem& p, int i) { return p.causal ? std::min(i + 1, p.kv_len) : p.kv_len; }
+
+/// L = sum(O * dO), O from the reference's rows, one thread (the finite differences call it thousands of times).
+double loss(const AttentionProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+            const std::vector<double>& v, const std::vector<double>& d_o) {
+  std::vector<double> o(p.head_dim);
+  double sum = 0;
+  for (int b = 0; b < p.batch; ++b)
+    for (int i = 0; i < p.q_len; ++i)
+      for (int h = 0; h < p.q_heads; ++h) {
+        reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h, o.data());
+        const auto base = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
+        for (int c = 0; c < p.head_dim; ++c) sum += o[c] * d_o[base + c];
+      }
+  return sum;
+}
+}  // namespace
+
+TEST_CASE("reference: LSE is ln sum exp of the visible scores, and O = sum_j exp(s_ij - LSE_i) V_j",
+          "[cpu][reference]") {
+  for (bool causal : {false, true})
+    for (auto [q_len, kv_len] : {std::pair{5, 7}, std::pair{7, 5}, std::pair{1, 1}}) {
+      auto p = make(2, q_len, kv_len, 4, 2, 8, causal);
+      p.scale = 0.9f;
+      const auto q = random_doubles(p.q_elements(), 20), k = random_doubles(p.kv_elements(), 21),
+                 v = random_doubles(p.kv_elements(), 22);
+      std::vector<double> lse;
+      const auto out = reference_attention(p, q, k, v, nullptr, &lse);
+      REQUIRE(std::int64_t(lse.size()) == p.lse_elements());
+      const auto alone = reference_lse(p, q, k);
+      for (int b = 0; b < p.batch; ++b)
+        for (int h = 0; h < p.q_heads; ++h)
+          for (int i = 0; i < p.q_len; ++i) {
+            const auto s = scores_of(p, q, k, b, i, h);
+            double direct = 0;  // scores of order 1: the plain formula is exact enough
+            for (int j = 0; j < keys_of(p, i); ++j) direct += std::exp(s[j]);
+            const double row_lse = lse[(std::int64_t(b) * p.q_heads + h) * p.q_len + i];  // [batch, q_heads, q_len]
+            CHECK(row_lse == Approx(std::log(direct)).epsilon(1e-14).margin(1e-15));
+            CHECK(alone[(std::int64_t(b) * p.q_heads + h) * p.q_len + i] == row_lse);
+            for (int c = 0; c < p.head_dim; ++c) {
+              double o = 0;
+              for (int j = 0; j < keys_of(p, i); ++j)
+                o += std::exp(s[j] - row_lse) * v[((std::int64_t(b) * kv_len + j) * 2 + h / 2) * 8 + c];
+              CHECK(out[((std::int64_t(b) * q_len + i) * 4 + h) * 8 + c] == Approx(o).epsilon(1e-13).margin(1e-15));
+            }
+          }
+    }
+}
+
+TEST_CASE("reference: LSE takes the maximum first, so a shift of 1000 in every score does not overflow",
+          "[cpu][reference]") {
+  auto p = make(1, 4, 6, 1, 1, 4, false);  // as the shift test above: K[:, last] = 1, q[last] += delta
+  p.scale = 1.0f;
+  auto q = random_doubles(p.q_elements(), 23), k = random_doubles(p.kv_elements(), 24);
+  for (int j = 0; j < p.kv_len; ++j) k[j * 4 + 3] = 1.0;
+  const auto base = reference_lse(p, q, k);
+  for (double delta : {-1000.0, 1000.0}) {
+    auto shifted = q;
+    for (int i = 0; i < p.q_len; ++i) shifted[i * 4 + 3] += delta;
+    const auto lse = reference_lse(p, shifted, k);
+    for (int i = 0; i < p.q_len; ++i) CHECK(lse[i] == Approx(base[i] + delta).epsilon(1e-13));
+  }
+}
+
+TEST_CASE("reference backward: dQ, dK and dV match central differences of sum(O * dO)", "[cpu][reference]") {
+  // Every component of every input is moved by +-h; (L(x+h) - L(x-h)) / 2h is off by h^2 L''' / 6 ~ 1e-11
+  // and by the rounding of L over 2h ~ 1e-10. The worst element reaches ~4% of the bound 1e-8 + 1e-7 |g|;
+  // a wrong formula exceeds it 1e7-fold (D, the scale, the GQA sum or the scale's sign left out, the causal
+  // edge off by one: each checked by breaking the code), and D off by 1e-6 already 600-fold.
+  struct Shape { int batch, q_len, kv_len, q_heads, kv_heads, head_dim; };
+  std::vector<std::pair<Shape, bool>> shapes;  // (shape, causal)
+  for (bool causal : {false, true})
+    for (Shape s : {Shape{2, 5, 7, 4, 2, 8}, Shape{2, 7, 5, 4, 2, 8}, Shape{1, 1, 1, 2, 1, 4}, Shape{1, 1, 6, 3, 1, 4},
+                    Shape{1, 6, 1, 2, 2, 4}, Shape{1, 4, 4, 3, 3, 4}})
+      shapes.push_back({s, causal});
+  const double h = 1e-5;
+  struct { double ratio = 0; std::string where; } worst;
+  int failures = 0;
+  for (const auto& [s, causal] : shapes)
+    for (std::optional<float> scale : {std::optional<float>{}, std::optional<float>{0.7f}, std::optional<float>{-0.9f}}) {
+      auto p = make(s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, causal);
+      p.scale = scale;
+      auto q = random_doubles(p.q_elements(), 30), k = random_doubles(p.kv_elements(), 31),
+           v = random_doubles(p.kv_elements(), 32);
+      for (double& x : q) x *= 3;  // scores of order 1: a softmax far from uniform
+      const auto d_o = random_doubles(p.q_elements(), 33);
+      const ReferenceGradients g = reference_attention_backward(p, q, k, v, d_o);
+      for (auto [name, x, grad] : {std::tuple{"dQ", &q, &g.dq}, std::tuple{"dK", &k, &g.dk}, std::tuple{"dV", &v, &g.dv}}) {
+        REQUIRE(grad->size() == x->size());
+        for (std::size_t e = 0; e < x->size(); ++e) {
+          const double saved = (*x)[e];
+          (*x)[e] = saved + h;
+          const double up = loss(p, q, k, v, d_o);
+          (*x)[e] = saved - h;
+          const double down = loss(p, q, k, v, d_o);
+          (*x)[e] = saved;
+          const double numeric = (up - down) / (2 * h), analytic = (*grad)[e];
+          const double ratio = std::abs(numeric - analytic) / (1e-8 + 1e-7 * std::abs(analytic));
+          failures += ratio > 1;
+          if (ratio > worst.ratio)
+            worst = {ratio, p.describe() + ": " + name + "[" + std::to_string(e) + "] = " + std::to_string(analytic) +
+                                ", central difference " + std::to_string(numeric)};
+        }
+      }
+    }
+  INFO("worst, at " << worst.ratio << " of the bound: " << worst.where);
+  CHECK(failures == 0);
+  CHECK(worst.ratio < 1);
+}
+
+TEST_CASE("reference backward: GQA's dK and dV are the sums over its group of the repeated heads' gradients",
+          "[cpu][reference]") {
+  for (int kv_heads : {1, 2}) {  // MQA and GQA against 4 query heads
+    for (bool causal : {false, true}) {
+      const auto gqa = make(2, 6, 9, 4, kv_heads, 8, causal);
+      auto mha = gqa;
+      mha.kv_heads = 4;
+      const int group = 4 / kv_heads;
+      const auto q = random_doubles(gqa.q_elements(), 40), k = random_doubles(gqa.kv_elements(), 41),
+                 v = random_doubles(gqa.kv_elements(), 42), d_o = random_doubles(gqa.q_elements(), 43);
+      std::vector<double> k_rep(mha.kv_elements()), v_rep(mha.kv_elements());
+      auto rep_at = [](int b, int j, int h, int c) { return ((std::int64_t(b) * 9 + j) * 4 + h) * 8 + c; };
+      auto kv_at = [&](int b, int j, int h, int c) { return ((std::int64_t(b) * 9 + j) * kv_heads + h) * 8 + c; };
+      for (int b = 0; b < 2; ++b)
+        for (int j = 0; j < 9; ++j)
+          for (int h = 0; h < 4; ++h)
+            for (int c = 0; c < 8; ++c) k_rep[rep_at(b, j, h, c)] = k[kv_at(b, j, h / group, c)],
+                                        v_rep[rep_at(b, j, h, c)] = v[kv_at(b, j, h / group, c)];
+      const auto g = reference_attention_backward(gqa, q, k, v, d_o);
+      const auto r = reference_attention_backward(mha, q, k_rep, v_rep, d_o);
+      CHECK(g.dq == r.dq);  // the same rows, computed the same way
+      for (int b = 0; b < 2; ++b)
+        for (int j = 0; j < 9; ++j)
+          for (int kvh = 0; kvh < kv_heads; ++kvh)
+            for (int c = 0; c < 8; ++c) {
+              double dk = 0, dv = 0;
+              for (int h = kvh * group; h < (kvh + 1) * group; ++h) dk += r.dk[rep_at(b, j, h, c)], dv += r.dv[rep_at(b, j, h, c)];
+              CHECK(g.dk[kv_at(b, j, kvh, c)] == Approx(dk).epsilon(1e-12).margin(1e-14));
+              CHECK(g.dv[kv_at(b, j, kvh, c)] == Approx(dv).epsilon(1e-12).margin(1e-14));
+            }
+    }
+  }
+}
+
+TEST_CASE("reference backward: scale 0 gives dQ = dK = 0 and dV_j = sum of dO_i / (keys row i sees)",
+          "[cpu][reference]") {
+  for (bool causal : {false, true})
+    for (auto [q_len, kv_len] : {std::pair{5, 7}, std::pair{7, 5}}) {
+      auto p = make(2, q_len, kv_len, 4, 2, 8, causal);
+      p.scale = 0.0f;
+      INFO(p.describe());
+      const auto q = random_doubles(p.q_elements(), 50), k = random_doubles(p.kv_elements(), 51),
+                 v = random_doubles(p.kv_elements(), 52), d_o = random_doubles(p.q_elements(), 53);
+      const auto g = reference_attention_backward(p, q, k, v, d_o);
+      for (double x : g.dq) CHECK(x == 0.0);
+      for (double x : g.dk) CHECK(x == 0.0);
+      for (int b = 0; b < 2; ++b)
+        for (int j = 0; j < kv_len; ++j)
+          for (int kvh = 0; kvh < 2; ++kvh)
+            for (int c = 0; c < 8; ++c) {
+              double expected = 0;  // rows i >= j when causal (none when j >= q_len), of both heads of the group
+              for (int h = 2 * kvh; h < 2 * kvh + 2; ++h)
+                for (int i = causal ? j : 0; i < q_len; ++i)
+                  expected += d_o[((std::int64_t(b) * q_len + i) * 4 + h) * 8 + c] / keys_of(p, i);
+              CHECK(g.dv[((std::int64_t(b) * kv_len + j) * 2 + kvh) * 8 + c] == Approx(expected).epsilon(1e-13).margin(1e-15));
+            }
+    }
+}
+
+TEST_CASE("reference backward: a tensor of the wrong size is named", "[cpu][reference]") {
+  const auto p = make(1, 3, 4, 2, 1, 4, false);
+  const std::vector<double> q(p.q_elements()), kv(p.kv_elements()), d_o(p.q_elements());
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(reference_attention_backward(p, q, kv, kv, std::vector<double>(5)), Contains("d_o has 5 elements"));
+  CHECK_THROWS_WITH(reference_attention_backward(p, q, std::vector<double>(3), kv, d_o), Contains("k has 3 elements"));
+  CHECK_THROWS_WITH(reference_attention_backward(p, q, kv, std::vector<double>(3), d_o), Contains("v has 3"));
+  CHECK_THROWS_WITH(reference_attention_backward(p, kv, kv, kv, d_o), Contains("q has 16 elements"));
+  CHECK_THROWS_WITH(reference_lse(p, q, std::vector<double>(2)), Contains("reference_lse: k has 2"));
+  CHECK_THROWS_WITH(reference_attention(p, q, kv, std::vector<double>(2)), Contains("reference_attention: v has 2"));
+  CHECK_THROWS_AS(reference_attention_backward(p, q, kv, kv, std::vector<double>(5)), std::invalid_argument);
 }

@@ -72,13 +72,14 @@ TEST_CASE("launchers that need aligned tensors refuse misaligned ones before lau
   // A pointer 4 bytes past a 256-byte boundary (as from an offset into a larger
   // buffer): fine for the scalar steps, a fault for 16-byte vector loads.
   void* misaligned = reinterpret_cast<void*>(std::uintptr_t(0x10000) + 4);
+  void* aligned = reinterpret_cast<void*>(std::uintptr_t(0x20000));  // the others: set and aligned
   for (const StepInfo* step : steps_and_baseline()) {
     if (step->pointer_alignment <= 1) continue;
     INFO("step " << step->label() << " needs " << step->pointer_alignment << "-byte alignment");
     const AttentionProblem p = supported_problem(*step);
     for (int which = 0; which < 4; ++which) {
       INFO("tensor " << "QKVO"[which]);
-      AttentionTensors t{};
+      AttentionTensors t{aligned, aligned, aligned, aligned, aligned};
       if (which == 0) t.q = misaligned;
       if (which == 1) t.k = misaligned;
       if (which == 2) t.v = misaligned;

@@ -14,8 +14,8 @@ namespace fa {
 struct StepInfo;
 struct AttentionProblem;
 
-/// Prints every step and variant of the registry with the dtypes, head_dims and minimum GPU it takes
-/// (fa-run --list, fa-bench --list).
+/// Prints every step and variant of the registry with the dtypes, head_dims and minimum GPU it takes and
+/// the pass it computes (fa-run --list, fa-bench --list).
 void print_step_list(std::ostream& out);
 
 /// A tool's main: runs `run` and turns an escaped exception into "tool: message" on stderr and exit 1.

@@ -1,8 +1,10 @@
 // fa-bench: times every registered step (and the cuBLAS baseline) with CUDA
 // events and prints one table; the same rows go to a CSV that the plots read.
+// A forward step is timed computing O; a backward step (steps 26 on) computing dQ, dK and dV.
 //
 //   fa-bench                         teaching shape, every step, every dtype a step takes, causal off and on
 //   fa-bench --suite all --csv r.csv teaching + headline + sequence sweep
+//   fa-bench --suite backward --steps 26,27  the backward's shapes
 //   fa-bench --steps 03,04 --dtypes f16 --causal no --shape 2,512,512,8,2,64
 //   fa-bench --suite trace           step 02's matrix trace lesson (trace_bench.cpp)
 //   fa-bench --resources --steps 05,06  shared memory, registers, occupancy per kernel (no launch)
@@ -11,6 +13,8 @@
 // L2 cache, and the launches rotate through them; each step runs once for the
 // correctness sample (output poisoned with NaN first), twice to warm up, then
 // `reps` timed launches each bracketed by CUDA events; the table shows the median.
+// A backward step's inputs O, LSE and dO come from forward_for_backward (the course's last forward
+// step that takes the problem, and a random dO), made once per shape, dtype and causal.
 #include "cli.hpp"
 #include "fa/compare.hpp"
 #include "fa/device.hpp"
@@ -35,10 +39,14 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-bench [options]
-  --suite teaching|headline|sweep|all|accuracy|accuracy-wide|trace
+  --suite teaching|headline|sweep|all|backward|accuracy|accuracy-wide|trace
                                         shapes to time (default teaching)
-                                        teaching: B=4 H=8 N=1024 d=64; headline: B=4 H=16 N=4096 d=64;
-                                        sweep: B=1 H=16 d=64, N = 256 ... 16384
+                                        teaching: B=4 H=8 N=1024 d=64, for forward and backward steps;
+                                        headline: B=4 H=16 N=4096 d=64; sweep: B=1 H=16 d=64,
+                                        N = 256 ... 16384 (headline and sweep: forward steps only)
+                                        backward: backward steps only (not part of "all"): the teaching
+                                        shape in f32 and f16 (the CUDA-core steps 26, 27), then in f16
+                                        and bf16 B=4 H=16 N=4096 d=64 and d=128, B=1 H=16 N=16384 d=128
                                         accuracy: B=1 H=4 d=64, N = 1024 ... 32768, inputs in [-1, 1)
                                         accuracy-wide: the same with Q in [-30, 30): logits of standard
                                         deviation 10, a wide dynamic range for the softmax sums
@@ -46,7 +54,7 @@ const char* kHelp = R"(usage: fa-bench [options]
                                         trace: step 02's matrix trace, whole matrix vs diagonal only over
                                         PCIe, end to end, n x n for n = 1024 ... 16384; its own table and
                                         CSV (--csv, default fa-bench-trace.csv); other options do not apply
-  --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite
+  --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite (forward and backward steps)
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
@@ -54,9 +62,14 @@ const char* kHelp = R"(usage: fa-bench [options]
   --max-ms MS                           skip a step whose predicted time per call exceeds MS (default 2000)
   --reps N                              timed launches per measurement (default: about 1 s worth, 5..100)
   --sample-rows N                       output rows checked against the CPU reference (default 64)
+                                        A backward step's dQ, dK and dV are checked whole against the
+                                        float64 reference (judge_gradient) when B*Hq*Nq*Nkv <= 2^26 (the
+                                        teaching shape), and reported "-" on larger problems;
+                                        rel_err and max_err are the largest of the three tensors'
   --seed N                              input seed (default 1)
-  --no-baseline                         skip the cuBLAS baseline
+  --no-baseline                         skip the cuBLAS baseline (forward only)
   --list                                every step and variant, with the dtypes, head_dims and GPU it needs
+                                        and its pass (forward or backward)
   --resources                           instead of timing: threads, shared memory, registers and
                                         occupancy of each selected step's kernel for every dtype and
                                         head_dim it supports (steps whose registry entry reports them);
@@ -68,14 +81,35 @@ struct Shape {
   std::string suite;
   int batch, q_len, kv_len, q_heads, kv_heads, head_dim;
   double q_range = 1.0;  ///< Q is drawn from [-q_range, q_range); K and V from [-1, 1)
+  bool forward = true;   ///< forward steps (and the cuBLAS baseline) are timed on it
+  bool backward = false; ///< backward steps are timed on it
+  std::vector<DType> only_dtypes = {};  ///< the dtypes it is timed in; empty: every dtype of --dtypes
+
+  /// Whether steps of `pass` are timed on this shape.
+  bool has(Pass pass) const { return pass == Pass::backward ? backward : forward; }
+  /// Whether this shape is timed in `dtype`.
+  bool takes(DType dtype) const {
+    return only_dtypes.empty() || std::find(only_dtypes.begin(), only_dtypes.end(), dtype) != only_dtypes.end();
+  }
 };
 
 std::vector<Shape> suite_shapes(const std::string& suite) {
   std::vector<Shape> shapes;
-  if (suite == "teaching" || suite == "all") shapes.push_back({"teaching", 4, 1024, 1024, 8, 8, 64});
+  // The teaching shape serves both passes: backward steps run on it too.
+  if (suite == "teaching" || suite == "all")
+    shapes.push_back({"teaching", 4, 1024, 1024, 8, 8, 64, 1.0, /*forward=*/true, /*backward=*/true});
   if (suite == "headline" || suite == "all") shapes.push_back({"headline", 4, 4096, 4096, 16, 16, 64});
   if (suite == "sweep" || suite == "all")
     for (int n = 256; n <= 16384; n *= 2) shapes.push_back({"sweep", 1, n, n, 16, 16, 64});
+  // The backward's shapes: the teaching shape for the CUDA-core steps (f32 and f16), first, so that
+  // their times there predict (--max-ms) their times on the tensor-core shapes that follow.
+  if (suite == "backward") {
+    const std::vector<DType> cuda_cores = {DType::f32, DType::f16}, tensor_cores = {DType::f16, DType::bf16};
+    shapes.push_back({"teaching", 4, 1024, 1024, 8, 8, 64, 1.0, false, true, cuda_cores});
+    for (int head_dim : {64, 128})
+      shapes.push_back({"backward", 4, 4096, 4096, 16, 16, head_dim, 1.0, false, true, tensor_cores});
+    shapes.push_back({"backward", 1, 16384, 16384, 16, 16, 128, 1.0, false, true, tensor_cores});
+  }
   // Error against the float64 reference as N grows: the softmax sums and the
   // P.V accumulation have N terms. "wide" scales Q so scores spread over ~+-30.
   if (suite == "accuracy" || suite == "accuracy-wide")
@@ -96,9 +130,12 @@ struct Row {
   double speedup_prev = NAN, speedup_01 = NAN, vs_cublas = NAN;
 };
 
-// Device copies of the inputs and output, enough of them to leave the L2 cache.
+// Device copies of the inputs and outputs, enough of them to leave the L2 cache: Q, K, V and the
+// forward's O in every set; the backward's O, LSE and dO (inputs) and dQ, dK, dV (outputs) in the first
+// sets, as many as its larger sets need (add_backward).
 struct InputSets {
   std::vector<DeviceBuffer> q, k, v, o;
+  std::vector<DeviceBuffer> o_in, lse, d_o, dq, dk, dv;  ///< the backward's, empty until add_backward
   DeviceBuffer workspace;
   InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
     for (int c = 0; c < copies; ++c) {
@@ -111,8 +148,39 @@ struct InputSets {
       v.back().upload(in.v.bytes.data(), in.v.byte_size());
     }
   }
-  AttentionTensors tensors(int c) const {
-    return {q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
+  /// Uploads a backward call's inputs into the first `copies` sets (at most as many as there are) and
+  /// allocates its outputs there.
+  void add_backward(const BackwardInputs& in, int copies) {
+    copies = std::min(copies, int(q.size()));
+    for (int c = 0; c < copies; ++c) {
+      o_in.emplace_back(in.o.byte_size());
+      lse.emplace_back(in.lse.byte_size());
+      d_o.emplace_back(in.d_o.byte_size());
+      dq.emplace_back(q[c].bytes());
+      dk.emplace_back(k[c].bytes());
+      dv.emplace_back(v[c].bytes());
+      o_in.back().upload(in.o.bytes.data(), in.o.byte_size());
+      lse.back().upload(in.lse.bytes.data(), in.lse.byte_size());
+      d_o.back().upload(in.d_o.bytes.data(), in.d_o.byte_size());
+    }
+  }
+  /// How many sets a step of `pass` rotates through.
+  int copies(Pass pass) const { return int(pass == Pass::backward ? dq.size() : q.size()); }
+  /// The pointers of set c for a step of `pass`.
+  AttentionTensors tensors(int c, Pass pass) const {
+    if (pass == Pass::forward) return {q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
+    AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o_in[c].get(), workspace.get()};
+    t.lse = lse[c].as<float>();
+    t.d_o = d_o[c].get(), t.dq = dq[c].get(), t.dk = dk[c].get(), t.dv = dv[c].get();
+    return t;
+  }
+  /// Fills set c's outputs of `pass` with NaN.
+  void poison_outputs(int c, Pass pass) {
+    if (pass == Pass::forward) {
+      o[c].poison();
+    } else {
+      dq[c].poison(), dk[c].poison(), dv[c].poison();
+    }
   }
 };
 
@@ -160,15 +228,68 @@ ErrorStats sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const
   return stats;
 }
 
+/// A backward step's gradients are checked whole against the float64 reference up to this many
+/// scores (B * Hq * Nq * Nkv: the teaching shape has 2^25); beyond it the CPU reference's five
+/// products of that size take too long, and the errors are reported "-".
+constexpr double kMaxCheckedScores = double(1 << 26);
+
+/// What a backward step's gradients are judged against: the float64 reference's dQ, dK and dV at
+/// the backward's inputs, and the problem's largest |score| (the tolerances grow with it).
+struct BackwardReference {
+  bool checked = false;  ///< false: the problem is over kMaxCheckedScores, nothing to judge against
+  double max_abs_score = 0;
+  ReferenceGradients gradients;
+};
+
+BackwardReference backward_reference(const AttentionProblem& p, const AttentionInputs& in,
+                                     const BackwardInputs& backward) {
+  BackwardReference ref;
+  if (double(p.batch) * p.q_heads * p.q_len * p.kv_len > kMaxCheckedScores) return ref;
+  const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
+  reference_attention(p, q, k, v, &ref.max_abs_score);
+  ref.gradients = reference_attention_backward(p, q, k, v, backward.d_o.to_double());
+  ref.checked = true;
+  return ref;
+}
+
+/// The largest relative L2 and max abs error of dQ, dK and dV in set 0, judged with judge_gradient
+/// (NaN when any output is not finite, or when nothing is checked). A gradient out of tolerance is
+/// named on stderr.
+ErrorStats gradient_error(const StepInfo& step, const AttentionProblem& p, const InputSets& sets,
+                          const BackwardReference& ref) {
+  ErrorStats worst;
+  if (!ref.checked) {
+    worst.rel_l2 = worst.max_abs = NAN;
+    return worst;
+  }
+  Gradients g{HostTensor(p.dtype, q_shape(p)), HostTensor(p.dtype, kv_shape(p)), HostTensor(p.dtype, kv_shape(p))};
+  sets.dq[0].download(g.dq.bytes.data(), g.dq.byte_size());
+  sets.dk[0].download(g.dk.bytes.data(), g.dk.byte_size());
+  sets.dv[0].download(g.dv.bytes.data(), g.dv.byte_size());
+  const Verdict verdicts[] = {
+      judge_gradient(g.dq, ref.gradients.dq, p.head_dim, ref.max_abs_score, "dQ"),
+      judge_gradient(g.dk, ref.gradients.dk, p.head_dim, ref.max_abs_score, "dK"),
+      judge_gradient(g.dv, ref.gradients.dv, p.head_dim, ref.max_abs_score, "dV")};
+  for (const Verdict& v : verdicts) {
+    if (!v.passed()) std::fprintf(stderr, "  %s: %s\n", step.label().c_str(), v.describe().c_str());
+    worst.rel_l2 = std::max(worst.rel_l2, v.global.rel_l2);
+    worst.max_abs = std::max(worst.max_abs, v.global.max_abs);
+    worst.non_finite += v.global.non_finite;
+    worst.count += v.global.count;
+  }
+  if (worst.non_finite) worst.rel_l2 = worst.max_abs = NAN;
+  return worst;
+}
+
 struct Timing {
   double median, min, max;
   int reps;
 };
 
 Timing time_step(const StepInfo& step, const AttentionProblem& p, InputSets& sets, int reps_wanted) {
-  const int copies = int(sets.q.size());
+  const int copies = sets.copies(step.pass);
   int next = 0;
-  auto launch = [&] { step.launch(p, sets.tensors(next++ % copies), nullptr); };
+  auto launch = [&] { step.launch(p, sets.tensors(next++ % copies, step.pass), nullptr); };
   CudaEventTimer timer;
   for (int w = 0; w < 2; ++w) launch();  // warm-up: module load, handles, clocks
   timer.start();
@@ -206,15 +327,16 @@ std::string fmt_sci(double value) {
 }
 
 void print_header() {
-  std::printf("%-9s %-8s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n", "step", "suite",
-              "type", "B", "Nq", "Nkv", "Hq", "Hkv", "d", "causal", "ms", "TFLOPS", "x prev", "x 01",
+  std::printf("%-9s %-8s %-4s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n", "step",
+              "suite", "pass", "type", "B", "Nq", "Nkv", "Hq", "Hkv", "d", "causal", "ms", "TFLOPS", "x prev", "x 01",
               "x cuBLAS", "extra MiB", "rel_err", "max_err");
 }
 
 void print_row(const Row& r) {
   const auto& p = r.problem;
-  std::printf("%-9s %-8s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n",
-              r.step->label().c_str(), r.suite.c_str(), to_string(p.dtype), p.batch, p.q_len, p.kv_len,
+  std::printf("%-9s %-8s %-4s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n",
+              r.step->label().c_str(), r.suite.c_str(), r.step->pass == Pass::backward ? "bwd" : "fwd",
+              to_string(p.dtype), p.batch, p.q_len, p.kv_len,
               p.q_heads, p.kv_heads, p.head_dim, p.causal ? "yes" : "no", fmt(r.ms, 4).c_str(),
               fmt(r.tflops, 3).c_str(), fmt(r.speedup_prev, 2).c_str(), fmt(r.speedup_01, 1).c_str(),
               fmt(r.vs_cublas, 3).c_str(), fmt(r.extra_bytes / 1048576.0, 1).c_str(), fmt_sci(r.rel_err).c_str(),
@@ -226,7 +348,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
   std::ofstream csv(path);
   if (!csv) throw std::runtime_error("cannot write " + path);
   csv << "step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
-         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err\n";
+         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass\n";
   csv.precision(6);
   for (const auto& r : rows) {
     const auto& p = r.problem;
@@ -234,7 +356,8 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
         << p.q_len << ',' << p.kv_len << ',' << p.q_heads << ',' << p.kv_heads << ',' << p.head_dim << ','
         << (p.causal ? 1 : 0) << ',' << r.ms << ',' << r.tflops << ',' << r.extra_bytes << ',' << r.rel_err
         << ",\"" << gpu << "\"," << r.suite << ',' << r.ms_min << ',' << r.ms_max << ',' << r.reps << ','
-        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << ',' << r.max_err << '\n';
+        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << ',' << r.max_err << ','
+        << to_string(r.step->pass) << '\n';
   }
 }
 
@@ -311,7 +434,7 @@ int run(int argc, char** argv) {
   const std::string suite = args.get("suite", "teaching");
   if (args.has("shape")) {
     const auto v = Args::parse_ints(args.get("shape", ""), 6, "--shape");
-    shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5]});
+    shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, /*forward=*/true, /*backward=*/true});
   } else {
     shapes = suite_shapes(suite);
   }
@@ -335,7 +458,14 @@ int run(int argc, char** argv) {
   const int sample_rows = int(args.get_number("sample-rows", 64));
   const auto seed = std::uint64_t(args.get_number("seed", 1));
   const std::string csv_path = args.get("csv", "fa-bench.csv");
-  const bool baseline = !args.has("no-baseline");
+  auto of_pass = [](Pass pass) { return [pass](const StepInfo* s) { return s->pass == pass; }; };
+  // The cuBLAS baseline is a forward: it is timed where forward steps are.
+  const bool baseline = !args.has("no-baseline") && std::any_of(steps.begin(), steps.end(), of_pass(Pass::forward));
+  for (Pass pass : {Pass::forward, Pass::backward})
+    if (std::any_of(steps.begin(), steps.end(), of_pass(pass)) &&
+        std::none_of(shapes.begin(), shapes.end(), [&](const Shape& s) { return s.has(pass); }))
+      std::fprintf(stderr, "fa-bench: suite %s has no shape for %s steps; they are not timed%s\n", suite.c_str(),
+                   to_string(pass), pass == Pass::backward ? " (--suite teaching or backward has)" : "");
 
   if (!gpu_available()) {
     std::fprintf(stderr, "fa-bench: no CUDA device found; the benchmark needs a GPU\n");
@@ -344,103 +474,153 @@ int run(int argc, char** argv) {
   const std::string gpu = gpu_name();
   const int device_arch = kit::device_arch();
   std::printf("fa-bench on %s: median of timed launches (CUDA events), TFLOPS = 4*B*Hq*Nq*Nkv*d/t "
-              "(halved when causal)\n", gpu.c_str());
+              "(halved when causal; 2.5 times that for a backward call)\n", gpu.c_str());
   print_header();
+
+  // The configurations to time: shape x dtype x causal where a selected step of the shape's passes
+  // is timed. `index` numbers every combination of the suite, so the input seed of a configuration
+  // does not depend on which steps are selected.
+  struct Config {
+    const Shape* shape;
+    DType dtype;
+    bool causal;
+    std::size_t index;
+  };
+  std::vector<Config> plan;
+  std::size_t index = 0;
+  for (const Shape& shape : shapes)
+    for (DType dtype : dtypes)
+      for (bool causal : causals) {
+        ++index;
+        const bool timed = shape.takes(dtype) && ((baseline && shape.forward) ||
+            std::any_of(steps.begin(), steps.end(), [&](const StepInfo* s) { return shape.has(s->pass); }));
+        if (timed) plan.push_back({&shape, dtype, causal, index});
+      }
 
   std::vector<Row> rows;
   // The last measured (ms, flops) of each step: predicts its time on bigger shapes.
   std::map<const StepInfo*, std::pair<double, double>> last_measured;
   std::size_t config = 0;
-  const std::size_t configs = shapes.size() * dtypes.size() * causals.size();
-  for (const Shape& shape : shapes) {
-    for (DType dtype : dtypes) {
-      for (bool causal : causals) {
-        ++config;
-        AttentionProblem p;
-        p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
-        p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
-        p.causal = causal, p.dtype = dtype;
-        validate(p);
-        std::fprintf(stderr, "[%zu/%zu] %s: preparing inputs and %d reference rows\n", config, configs,
-                     p.describe().c_str(), sample_rows);
-        const AttentionInputs inputs = random_inputs(p, seed + config, shape.q_range);
-        const SampledReference ref = sample_reference(p, inputs, sample_rows, seed + config);
-        const std::size_t set_bytes = inputs.q.byte_size() * 2 + inputs.k.byte_size() * 2;
-        InputSets sets(p, inputs, copies_to_leave_l2(set_bytes));
+  const std::size_t configs = plan.size();
+  for (const Config& planned : plan) {
+    const Shape& shape = *planned.shape;
+    ++config;
+    AttentionProblem p;
+    p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
+    p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
+    p.causal = planned.causal, p.dtype = planned.dtype;
+    validate(p);
+    const std::uint64_t config_seed = seed + planned.index;
 
-        std::vector<const StepInfo*> todo;
-        if (baseline) todo.push_back(&cublas_baseline());
-        todo.insert(todo.end(), steps.begin(), steps.end());
-        std::map<std::string, double> best_ms_by_id;  // fastest variant of each step id
-        for (const StepInfo* step : todo) {
-          auto skip = [&](const std::string& why) {
-            std::fprintf(stderr, "  skip %s: %s\n", step->label().c_str(), why.c_str());
-          };
-          if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
-          if (!step->supports(dtype)) { skip(std::string("does not support ") + to_string(dtype)); continue; }
-          if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
-          if (auto it = last_measured.find(step); it != last_measured.end()) {
-            const double predicted = it->second.first * p.flops() / it->second.second;
-            if (predicted > max_ms) {
-              skip("predicted " + fmt(predicted, 0) + " ms per call from its last measurement, over --max-ms " +
-                   fmt(max_ms, 0));
-              continue;
-            }
-          }
-          const std::size_t extra = step->workspace_for(p);
-          std::size_t free_bytes = 0, total_bytes = 0;
-          FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-          if (extra + (std::size_t(256) << 20) > free_bytes) {
-            skip("needs " + fmt(extra / 1073741824.0, 1) + " GiB of workspace, " + fmt(free_bytes / 1073741824.0, 1) + " GiB free");
-            continue;
-          }
-          sets.workspace = DeviceBuffer(extra);
+    std::vector<const StepInfo*> todo;
+    if (baseline && shape.forward) todo.push_back(&cublas_baseline());
+    for (const StepInfo* step : steps)
+      if (shape.has(step->pass)) todo.push_back(step);
+    // Whether a backward step will run here: only then are O, LSE, dO and the gradients made.
+    const bool backward = std::any_of(todo.begin(), todo.end(), [&](const StepInfo* s) {
+      return s->pass == Pass::backward && s->runs_on(device_arch) && s->supports(p.dtype) &&
+             s->supports_head_dim(p.head_dim);
+    });
+    const bool forward = std::any_of(todo.begin(), todo.end(), of_pass(Pass::forward));
+    const bool check_gradients = double(p.batch) * p.q_heads * p.q_len * p.kv_len <= kMaxCheckedScores;
+    std::fprintf(stderr, "[%zu/%zu] %s: preparing inputs", config, configs, p.describe().c_str());
+    if (forward) std::fprintf(stderr, " and %d reference rows", sample_rows);
+    if (backward)
+      std::fprintf(stderr, "%s the backward's O, LSE and dO%s", forward ? ";" : ",",
+                   check_gradients ? " and float64 gradients" : " (gradients too large to check: errors \"-\")");
+    std::fprintf(stderr, "\n");
+    const AttentionInputs inputs = random_inputs(p, config_seed, shape.q_range);
+    const SampledReference ref = forward ? sample_reference(p, inputs, sample_rows, config_seed) : SampledReference{};
+    const std::size_t set_bytes = inputs.q.byte_size() * 2 + inputs.k.byte_size() * 2;
+    InputSets sets(p, inputs, copies_to_leave_l2(set_bytes));
+    BackwardReference backward_ref;
+    std::string no_backward;  // why the backward steps cannot run here ("" when they can)
+    if (backward) {
+      try {
+        const BackwardInputs backward_inputs = forward_for_backward(p, inputs, config_seed);
+        // Q, K, V, O and dO read, dQ, dK, dV written, and LSE.
+        const std::size_t backward_bytes =
+            inputs.q.byte_size() * 4 + inputs.k.byte_size() * 4 + backward_inputs.lse.byte_size();
+        sets.add_backward(backward_inputs, copies_to_leave_l2(backward_bytes));
+        backward_ref = backward_reference(p, inputs, backward_inputs);
+      } catch (const InvalidProblem& e) {
+        no_backward = std::string("no O and LSE to start from: ") + e.what();
+      }
+    }
 
-          // Correctness sample first, on a poisoned output; one call that is
-          // already too slow ends this step's measurement here.
-          sets.o[0].poison();
-          CudaEventTimer first_call;
-          first_call.start();
-          step->launch(p, sets.tensors(0), nullptr);
-          first_call.stop();
-          double first_ms = first_call.elapsed_ms();
-          // A first call also pays one-time costs (module load, library handles:
-          // cuBLAS's first call took 120 ms at N = 256): time a second one before
-          // judging a step too slow.
-          if (first_ms > max_ms) {
-            first_call.start();
-            step->launch(p, sets.tensors(0), nullptr);
-            first_call.stop();
-            first_ms = first_call.elapsed_ms();
-          }
-          const ErrorStats error = sampled_error(p, sets.o[0], ref);
-          if (first_ms > max_ms) {
-            skip("one call took " + fmt(first_ms, 0) + " ms, over --max-ms " + fmt(max_ms, 0));
-            sets.workspace = DeviceBuffer();
-            continue;
-          }
-          const Timing t = time_step(*step, p, sets, reps);
-          sets.workspace = DeviceBuffer();
-
-          Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops() / (t.median * 1e9),
-                  error.rel_l2, error.max_abs, extra, t.reps};
-          last_measured[step] = {t.median, p.flops()};
-          // Speedups against what was measured on this same configuration.
-          const bool is_step = step != &cublas_baseline();
-          if (is_step) {
-            std::string prev_id;
-            for (const auto& [id, ms] : best_ms_by_id)
-              if (id != "cublas" && id < step->id) prev_id = id;  // ids sort in course order
-            if (!prev_id.empty()) row.speedup_prev = best_ms_by_id[prev_id] / t.median;
-            if (best_ms_by_id.count("01")) row.speedup_01 = best_ms_by_id["01"] / t.median;
-          }
-          if (best_ms_by_id.count("cublas")) row.vs_cublas = best_ms_by_id["cublas"] / t.median;
-          auto& best = best_ms_by_id[step->id];
-          best = best > 0 ? std::min(best, t.median) : t.median;
-          print_row(row);
-          rows.push_back(row);
+    // Fastest variant of each step id, per pass: a step is compared with the steps of its own pass.
+    std::map<Pass, std::map<std::string, double>> best_ms_of_pass;
+    for (const StepInfo* step : todo) {
+      auto skip = [&](const std::string& why) {
+        std::fprintf(stderr, "  skip %s: %s\n", step->label().c_str(), why.c_str());
+      };
+      const Pass pass = step->pass;
+      if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
+      if (!step->supports(p.dtype)) { skip(std::string("does not support ") + to_string(p.dtype)); continue; }
+      if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
+      if (pass == Pass::backward && !no_backward.empty()) { skip(no_backward); continue; }
+      if (auto it = last_measured.find(step); it != last_measured.end()) {
+        const double predicted = it->second.first * p.flops(pass) / it->second.second;
+        if (predicted > max_ms) {
+          skip("predicted " + fmt(predicted, 0) + " ms per call from its last measurement, over --max-ms " +
+               fmt(max_ms, 0));
+          continue;
         }
       }
+      const std::size_t extra = step->workspace_for(p);
+      std::size_t free_bytes = 0, total_bytes = 0;
+      FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      if (extra + (std::size_t(256) << 20) > free_bytes) {
+        skip("needs " + fmt(extra / 1073741824.0, 1) + " GiB of workspace, " + fmt(free_bytes / 1073741824.0, 1) + " GiB free");
+        continue;
+      }
+      sets.workspace = DeviceBuffer(extra);  // zero, as a step may expect it
+
+      // Correctness sample first, on poisoned outputs; one call that is
+      // already too slow ends this step's measurement here.
+      sets.poison_outputs(0, pass);
+      CudaEventTimer first_call;
+      first_call.start();
+      step->launch(p, sets.tensors(0, pass), nullptr);
+      first_call.stop();
+      double first_ms = first_call.elapsed_ms();
+      // A first call also pays one-time costs (module load, library handles:
+      // cuBLAS's first call took 120 ms at N = 256): time a second one before
+      // judging a step too slow.
+      if (first_ms > max_ms) {
+        first_call.start();
+        step->launch(p, sets.tensors(0, pass), nullptr);
+        first_call.stop();
+        first_ms = first_call.elapsed_ms();
+      }
+      const ErrorStats error = pass == Pass::forward ? sampled_error(p, sets.o[0], ref)
+                                                     : gradient_error(*step, p, sets, backward_ref);
+      if (first_ms > max_ms) {
+        skip("one call took " + fmt(first_ms, 0) + " ms, over --max-ms " + fmt(max_ms, 0));
+        sets.workspace = DeviceBuffer();
+        continue;
+      }
+      const Timing t = time_step(*step, p, sets, reps);
+      sets.workspace = DeviceBuffer();
+
+      Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops(pass) / (t.median * 1e9),
+              error.rel_l2, error.max_abs, extra, t.reps};
+      last_measured[step] = {t.median, p.flops(pass)};
+      // Speedups against what was measured on this same configuration, in the same pass.
+      auto& best_ms_by_id = best_ms_of_pass[pass];
+      const bool is_step = step != &cublas_baseline();
+      if (is_step) {
+        std::string prev_id;
+        for (const auto& [id, ms] : best_ms_by_id)
+          if (id != "cublas" && id < step->id) prev_id = id;  // ids sort in course order
+        if (!prev_id.empty()) row.speedup_prev = best_ms_by_id[prev_id] / t.median;
+        if (best_ms_by_id.count("01")) row.speedup_01 = best_ms_by_id["01"] / t.median;
+      }
+      if (best_ms_by_id.count("cublas")) row.vs_cublas = best_ms_by_id["cublas"] / t.median;
+      auto& best = best_ms_by_id[step->id];
+      best = best > 0 ? std::min(best, t.median) : t.median;
+      print_row(row);
+      rows.push_back(row);
     }
   }
   write_csv(csv_path, rows, gpu);

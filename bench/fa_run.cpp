@@ -1,11 +1,19 @@
 // fa-run: run one step on tensors you supply, or on random ones it writes out.
 //
-//   fa-run --step 04 --q q.npy --k k.npy --v v.npy --out o.npy [--causal] [--scale S] [--check]
+//   fa-run --step 04 --q q.npy --k k.npy --v v.npy --out o.npy [--lse-out lse.npy] [--causal] [--scale S]
+//          [--check]
 //   fa-run --step 01 --random 2,128,128,8,2,64 --dtype f16 --dump DIR [--causal] [--seed N] [--check]
+//   fa-run --step 27 --q q.npy --k k.npy --v v.npy --o o.npy --lse lse.npy --do do.npy
+//          (--dq dq.npy --dk dk.npy --dv dv.npy | --dump DIR) [--causal] [--scale S] [--check]
+//   fa-run --step 26 --random 2,128,128,8,2,64 --dump DIR [--causal] [--seed N] [--check]
 //
 // Tensors are .npy files of float32 or float16, shaped [B, N, H, d]; K and V
 // may have fewer heads than Q (grouped-query attention). --check compares the
 // output with the float64 CPU reference and prints the errors.
+// A forward step writes O (and, with --lse-out or --random, the row log-sum-exp LSE, float32
+// [B, Hq, Nq]). A backward step reads O, LSE and dO besides Q, K, V and writes dQ, dK and dV; with
+// --random, O and LSE come from the course's last forward step that takes the problem
+// (forward_for_backward) and dO is random, and all of them go to the --dump folder with the gradients.
 // NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
@@ -25,18 +33,28 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --out O.npy | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
+       [--lse-out LSE.npy] [--dtype f32|f16|bf16] [--causal] [--scale S] [--seed N] [--check]
+         a forward step: writes O (--out, or DIR/o.npy) and the row log-sum-exp LSE, float32 [B, Hq, Nq]
+         (--lse-out, or DIR/lse.npy with --random)
+       fa-run --step ID (--q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy --do DO.npy
+                         (--dq DQ.npy --dk DK.npy --dv DV.npy | --dump DIR) | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
        [--dtype f32|f16|bf16] [--causal] [--scale S] [--seed N] [--check]
-       fa-run --list     every step and variant, with the dtypes, head_dims and GPU it needs
+         a backward step (pass backward in --list): reads O, LSE (float32 [B, Hq, Nq]) and dO besides Q, K, V;
+         writes dQ, dK, dV (--dq --dk --dv, or DIR/dq.npy, dk.npy, dv.npy). --random makes O and LSE with the
+         last forward step that takes the problem and draws dO, and dumps them as o.npy, lse.npy, do.npy next
+         to q.npy, k.npy, v.npy; --check judges each gradient against the float64 reference
+       fa-run --list     every step and variant, with the dtypes, head_dims, GPU and pass
        bf16 .npy files do not exist: bf16 tensors are written as float32, and
        float32 files with --dtype bf16 are rounded to bf16
 exit status: 0 done (and within tolerance with --check), 1 bad input, 2 no CUDA device, 3 out of tolerance
 )";
 
-std::string shape_text(const HostTensor& t) {
+std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
+std::string shape_text(const HostTensor& t) { return shape_text(t.shape); }
 
 // Reads the problem off the tensors' shapes, refusing anything inconsistent. `files` names Q, K, V.
 AttentionProblem problem_from(const AttentionInputs& in, const std::string (&files)[3]) {
@@ -68,8 +86,68 @@ AttentionProblem problem_from(const AttentionInputs& in, const std::string (&fil
   return p;
 }
 
+// Refuses a backward call's O, LSE and dO that do not fit the problem read off Q, K, V. `files` names
+// O, LSE and dO.
+void check_backward_inputs(const AttentionProblem& p, const BackwardInputs& in, const std::string (&files)[3]) {
+  const HostTensor* tensors[2] = {&in.o, &in.d_o};
+  const char* names[2] = {"O", "dO"};
+  for (int i = 0; i < 2; ++i)
+    if (tensors[i]->shape != q_shape(p) || tensors[i]->dtype != p.dtype)
+      throw std::invalid_argument(files[2 * i] + ": " + names[i] + " must have Q's shape " + shape_text(q_shape(p)) +
+                                  " and dtype " + to_string(p.dtype) + "; got " + shape_text(*tensors[i]) + " " +
+                                  to_string(tensors[i]->dtype));
+  if (in.lse.shape != lse_shape(p) || in.lse.dtype != DType::f32)
+    throw std::invalid_argument(files[1] + ": LSE must be float32 [B, Hq, Nq] = " + shape_text(lse_shape(p)) +
+                                "; got " + shape_text(in.lse) + " " + to_string(in.lse.dtype));
+}
+
+// What a step of the other pass is given by mistake: a backward step's arguments for a forward step,
+// and the reverse. Names what is missing for the step's own pass.
+void refuse_other_pass(const StepInfo& step, const Args& args) {
+  const bool backward = step.pass == Pass::backward;
+  const std::vector<std::string> forward_only = {"out", "lse-out"};
+  const std::vector<std::string> backward_only = {"o", "lse", "do", "dq", "dk", "dv"};
+  const std::vector<std::string>& others = backward ? forward_only : backward_only;
+  std::string given;
+  for (const auto& name : others)
+    if (args.has(name)) given += (given.empty() ? "--" : ", --") + name;
+  if (given.empty()) return;
+  if (!backward)
+    throw std::invalid_argument("step " + step.label() + " is a forward step: it reads --q, --k, --v and writes --out "
+                                "(and --lse-out), not " + given + " (a backward step's arguments)");
+  std::string missing;
+  if (!args.has("random"))
+    for (const char* name : {"q", "k", "v", "o", "lse", "do"})
+      if (!args.has(name)) missing += (missing.empty() ? "--" : ", --") + std::string(name);
+  throw std::invalid_argument("step " + step.label() + " is a backward step: it reads --o, --lse and --do besides --q, "
+                              "--k, --v and writes --dq, --dk, --dv (or into --dump DIR), not " + given +
+                              (missing.empty() ? "" : "; missing " + missing +
+                                                          " (or use --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)"));
+}
+
+// Prints each gradient's verdict against the float64 reference; true when all passed.
+bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, const HostTensor& d_o,
+                     const Gradients& g) {
+  const std::vector<double> q = inputs.q.to_double(), k = inputs.k.to_double(), v = inputs.v.to_double();
+  double max_abs_score = 0;
+  reference_attention(p, q, k, v, &max_abs_score);
+  const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double());
+  const Verdict verdicts[] = {judge_gradient(g.dq, ref.dq, p.head_dim, max_abs_score, "dQ"),
+                              judge_gradient(g.dk, ref.dk, p.head_dim, max_abs_score, "dK"),
+                              judge_gradient(g.dv, ref.dv, p.head_dim, max_abs_score, "dV")};
+  bool ok = true;
+  for (const Verdict& verdict : verdicts) {
+    std::printf("%s vs float64 CPU reference: %s (%s)\n", verdict.tensor.c_str(), verdict.global.describe().c_str(),
+                verdict.passed() ? "within tolerance" : ("OUT OF TOLERANCE: " + verdict.failed).c_str());
+    ok = ok && verdict.passed();
+  }
+  return ok;
+}
+
 int run(int argc, char** argv) {
-  const Args args(argc, argv, {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed"},
+  const Args args(argc, argv,
+                  {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed", "lse-out", "o", "lse",
+                   "do", "dq", "dk", "dv"},
                   {"help", "causal", "check", "list"});
   if (args.has("list")) {
     print_step_list(std::cout);
@@ -87,10 +165,19 @@ int run(int argc, char** argv) {
                                 " implementations; name one: " + labels + " (fa-run --list shows them all)");
   }
   const StepInfo& step = *selected.front();
+  const bool backward = step.pass == Pass::backward;
+  refuse_other_pass(step, args);
 
   AttentionInputs inputs;
+  BackwardInputs backward_inputs;  // a backward step's O, LSE and dO (from files, or made below with --random)
   AttentionProblem p;
-  std::string out_path;
+  std::string out_path, lse_path;  // a forward step's O and LSE ("": LSE not written)
+  std::string grad_paths[3];       // a backward step's dQ, dK, dV
+  const std::filesystem::path dump = args.get("dump", "");
+  auto dump_gradients = [&] {
+    grad_paths[0] = (dump / "dq.npy").string(), grad_paths[1] = (dump / "dk.npy").string();
+    grad_paths[2] = (dump / "dv.npy").string();
+  };
   if (args.has("random")) {
     if (!args.has("dump")) throw std::invalid_argument("--random needs --dump DIR");
     const auto v = Args::parse_ints(args.get("random", ""), 6, "--random");
@@ -98,20 +185,55 @@ int run(int argc, char** argv) {
     p.dtype = parse_dtype(args.get("dtype", "f32"));
     validate(p);
     inputs = random_inputs(p, std::uint64_t(args.get_number("seed", 1)));
-    out_path = (std::filesystem::path(args.get("dump", "")) / "o.npy").string();
+    out_path = (dump / "o.npy").string();
+    lse_path = args.get("lse-out", (dump / "lse.npy").string());
+    dump_gradients();
   } else {
-    for (const char* name : {"q", "k", "v", "out"})
-      if (!args.has(name)) throw std::invalid_argument(std::string("missing --") + name + " (or use --random)");
+    if (!backward) {
+      for (const char* name : {"q", "k", "v", "out"})
+        if (!args.has(name)) throw std::invalid_argument(std::string("missing --") + name + " (or use --random)");
+    } else {
+      std::string missing;
+      for (const char* name : {"q", "k", "v", "o", "lse", "do"})
+        if (!args.has(name)) missing += (missing.empty() ? "--" : ", --") + std::string(name);
+      if (!missing.empty())
+        throw std::invalid_argument("step " + step.label() + " is a backward step: missing " + missing +
+                                    " (it reads Q, K, V, the forward's O and row log-sum-exp LSE, and dO; "
+                                    "or use --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)");
+    }
+    if (backward) {  // where the gradients go: --dq, --dk, --dv, or the --dump folder
+      if (args.has("dq") || args.has("dk") || args.has("dv") || !args.has("dump")) {
+        std::string missing;
+        for (const char* name : {"dq", "dk", "dv"})
+          if (!args.has(name)) missing += (missing.empty() ? "--" : ", --") + std::string(name);
+        if (!missing.empty())
+          throw std::invalid_argument("missing " + missing + " (or --dump DIR for dq.npy, dk.npy, dv.npy)");
+        grad_paths[0] = args.get("dq", ""), grad_paths[1] = args.get("dk", ""), grad_paths[2] = args.get("dv", "");
+      } else {
+        dump_gradients();
+      }
+    }
     inputs = {read_npy(args.get("q", "")), read_npy(args.get("k", "")), read_npy(args.get("v", ""))};
     p = problem_from(inputs, {args.get("q", ""), args.get("k", ""), args.get("v", "")});
+    if (backward) {
+      backward_inputs = {read_npy(args.get("o", "")), read_npy(args.get("lse", "")), read_npy(args.get("do", ""))};
+      check_backward_inputs(p, backward_inputs, {args.get("o", ""), args.get("lse", ""), args.get("do", "")});
+    }
     if (args.has("dtype") && parse_dtype(args.get("dtype", "")) != p.dtype) {
       if (parse_dtype(args.get("dtype", "")) != DType::bf16 || p.dtype != DType::f32)
         throw std::invalid_argument("--dtype does not match the files' dtype " + std::string(to_string(p.dtype)) +
                                     " (only float32 files may be rounded, to --dtype bf16)");
       inputs = {converted(inputs.q, DType::bf16), converted(inputs.k, DType::bf16), converted(inputs.v, DType::bf16)};
+      if (backward) {  // LSE stays float32
+        backward_inputs.o = converted(backward_inputs.o, DType::bf16);
+        backward_inputs.d_o = converted(backward_inputs.d_o, DType::bf16);
+      }
       p.dtype = DType::bf16;
     }
-    out_path = args.get("out", "");
+    if (!backward) {
+      out_path = args.get("out", "");
+      lse_path = args.get("lse-out", "");
+    }
   }
   p.causal = args.has("causal");
   if (args.has("scale")) p.scale = float(args.get_number("scale", 0));
@@ -122,17 +244,45 @@ int run(int argc, char** argv) {
                  step.min_gpu() == "any" ? "any CUDA GPU" : step.min_gpu().c_str());
     return 2;
   }
+  // The backward's O and LSE from the course's fastest forward step that takes p, and a random dO.
+  if (backward && args.has("random"))
+    backward_inputs = forward_for_backward(p, inputs, std::uint64_t(args.get_number("seed", 1)));
   if (args.has("random")) {  // write the inputs only once everything is known to be runnable
-    const std::filesystem::path dir = args.get("dump", "");
-    std::filesystem::create_directories(dir);
-    write_npy((dir / "q.npy").string(), inputs.q);
-    write_npy((dir / "k.npy").string(), inputs.k);
-    write_npy((dir / "v.npy").string(), inputs.v);
+    std::filesystem::create_directories(dump);
+    write_npy((dump / "q.npy").string(), inputs.q);
+    write_npy((dump / "k.npy").string(), inputs.k);
+    write_npy((dump / "v.npy").string(), inputs.v);
+    if (backward) {
+      write_npy((dump / "o.npy").string(), backward_inputs.o);
+      write_npy((dump / "lse.npy").string(), backward_inputs.lse);
+      write_npy((dump / "do.npy").string(), backward_inputs.d_o);
+    }
+  } else if (backward && args.has("dump")) {
+    std::filesystem::create_directories(dump);
   }
 
-  const HostTensor out = run_step(step, p, inputs);
+  if (backward) {
+    const Gradients g = run_backward(step, p, inputs, backward_inputs);
+    write_npy(grad_paths[0], g.dq);
+    write_npy(grad_paths[1], g.dk);
+    write_npy(grad_paths[2], g.dv);
+    std::printf("step %s: %s -> %s, %s, %s\n", step.label().c_str(), p.describe().c_str(), grad_paths[0].c_str(),
+                grad_paths[1].c_str(), grad_paths[2].c_str());
+    if (args.has("check")) return check_gradients(p, inputs, backward_inputs.d_o, g) ? 0 : 3;
+    return 0;
+  }
+
+  // As run_step, keeping LSE too.
+  DeviceAttention device(p, inputs, step.workspace_for(p));
+  step.launch(p, device.tensors(), nullptr);
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  const HostTensor out = device.download_o(p);
   write_npy(out_path, out);
   std::printf("step %s: %s -> %s\n", step.label().c_str(), p.describe().c_str(), out_path.c_str());
+  if (!lse_path.empty()) {
+    write_npy(lse_path, device.download_lse(p));
+    std::printf("row log-sum-exp (float32 [B, Hq, Nq]) -> %s\n", lse_path.c_str());
+  }
   if (args.has("check")) {
     const auto ref = reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double());
     const ErrorStats stats = compare(out, ref);

@@ -16,7 +16,9 @@ reason printed):
   accuracy.png        rel_err against kv_len, rows with suite "accuracy" or "accuracy-wide"
 
 Rows whose step is not a two-digit course step (cublas, sdpa-*) are peers and
-are drawn grey and labelled "(peer)". Only numpy and matplotlib.
+are drawn grey and labelled "(peer)". The figures are the forward's: rows whose
+pass is backward are left out (bench/tables.py backward tabulates them). Only
+numpy and matplotlib.
 """
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ REPO = os.path.dirname(HERE)
 #: The one table of measured ceilings (name, dtype, TFLOPS, source).
 CEILINGS_CSV = os.path.join(HERE, "ceilings.csv")
 
-#: fa-bench's CSV header (bench/fa_bench.cpp); missing columns read as empty.
+#: fa-bench's CSV header (bench/fa_bench.cpp); missing columns read as empty, except `pass`: rows
+#: recorded before the backward existed have none and read as "forward".
 COLUMNS = ("step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
-           "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err").split(",")
+           "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass").split(",")
 INT_COLUMNS = {"batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "reps"}
 FLOAT_COLUMNS = {"ms", "tflops", "extra_bytes", "rel_err", "ms_min", "ms_max", "speedup_prev", "speedup_01",
                  "vs_cublas", "max_err"}
@@ -76,8 +79,10 @@ def load(paths) -> list[dict]:
                         row[column] = text
                 if row["causal"] is None:  # an older CSV without the column: non-causal
                     row["causal"] = 0
+                if not row["pass"]:  # an older CSV without the column: the forward
+                    row["pass"] = "forward"
                 key = tuple(row[c] for c in ("step", "variant", "dtype", "batch", "q_len", "kv_len", "q_heads",
-                                             "kv_heads", "head_dim", "causal", "suite", "gpu"))
+                                             "kv_heads", "head_dim", "causal", "suite", "gpu", "pass"))
                 rows.pop(key, None)
                 rows[key] = row
     return list(rows.values())
@@ -357,10 +362,11 @@ FIGURES = OrderedDict([
 
 
 def render(paths, out_dir: str, dpi: int = 110) -> list[str]:
-    """Write every figure the rows of `paths` allow into out_dir; returns the files written."""
+    """Write every figure the rows of `paths` allow into out_dir; returns the files written. The figures
+    are the forward's: backward rows are left out."""
     import matplotlib.pyplot as plt
 
-    rows = load(paths)
+    rows = select(load(paths), **{"pass": "forward"})
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, make in FIGURES.items():

@@ -4,6 +4,7 @@
 Run on the GPU machine, where torch is installed:
 
     python3 bench/sdpa_peers.py --csv docs/results/h100-DATE-sdpa.csv
+    python3 bench/sdpa_peers.py --pass backward --suites backward --backends flash,cudnn --csv out/bwd.csv
     python3 bench/sdpa_peers.py --dry-run          # the plan, without torch
 
 For every shape x dtype x causal x backend (math, efficient, flash, cudnn,
@@ -18,6 +19,16 @@ that refuses a configuration ("No available kernel") is skipped with the
 reason printed. Inputs are uniform in [-1, 1) like fa-bench's; the scale is
 1/sqrt(d) and causal masking is top-left aligned (SDPA's is_causal), as in
 the course.
+
+--pass backward (or both) times the backward of the flash and cuDNN backends:
+torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on out = SDPA(q, k, v)
+made once, dO uniform in [-1, 1), with CUDA events around each call, after
+--warmup calls; the calls rotate through enough copies of (q, k, v, out, dO) to
+overflow the L2 cache three times over, as fa-bench's do. Rows get pass =
+backward and TFLOPS = 2.5 x the forward's count / t (AttentionProblem::flops);
+extra_bytes is the peak allocated by one backward call beyond the gradients it
+returns, and rel_err / max_err those of --sample-rows sampled rows of dQ against
+float64 (dK and dV are not checked: their rows need every query row).
 """
 from __future__ import annotations
 
@@ -37,6 +48,12 @@ SUITES = {
     "teaching": (4, 1024, 1024, 8, 8, 64),
     "headline": (4, 4096, 4096, 16, 16, 64),
 }
+#: fa-bench's backward suite beyond the teaching shape (suite column "backward"): the tensor-core shapes.
+BACKWARD_SHAPES = ((4, 4096, 4096, 16, 16, 64), (4, 4096, 4096, 16, 16, 128), (1, 16384, 16384, 16, 16, 128))
+#: The backends whose backward is timed (the backward table's peers).
+BACKWARD_BACKENDS = ("flash", "cudnn")
+#: What --pass takes, and the passes each value times.
+PASSES = {"forward": ("forward",), "backward": ("backward",), "both": ("forward", "backward")}
 #: Backend name in the CSV's step column -> name of the torch.nn.attention.SDPBackend member.
 BACKENDS = {
     "math": "MATH",
@@ -50,13 +67,16 @@ def parse_args(argv=None):
     """Command-line options; see --help."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suites", default="teaching,headline",
-                        help="comma-separated: " + ", ".join(SUITES) + " (default both)")
+                        help="comma-separated: " + ", ".join(SUITES) + ", backward (fa-bench's backward shapes: "
+                        "B=4 N=4096 H=16 d=64 and 128, B=1 N=16384 H=16 d=128) (default teaching,headline)")
     parser.add_argument("--shape", action="append", default=[],
                         help="B,Nq,Nkv,Hq,Hkv,d instead of the suites (repeatable); suite column 'custom'")
     parser.add_argument("--dtypes", default="f32,f16,bf16", help="comma-separated: f32, f16, bf16 (default all)")
     parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated: " + ", ".join(BACKENDS) + " (default all)")
+    parser.add_argument("--pass", dest="passes", default="forward", choices=tuple(PASSES),
+                        help="forward (default), backward (flash and cudnn only) or both")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -76,7 +96,8 @@ def parse_args(argv=None):
 
 
 def plan(args):
-    """The measurements to take: list of (suite, shape tuple, dtype, causal bool, backend)."""
+    """The measurements to take: list of (suite, shape tuple, dtype, causal bool, backend, pass), the forward
+    and the backward of one configuration next to each other; the backward for BACKWARD_BACKENDS only."""
     if args.shape:
         shapes = []
         for text in args.shape:
@@ -87,21 +108,28 @@ def plan(args):
     else:
         shapes = []
         for suite in args.suites.split(","):
-            if suite not in SUITES:
-                sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}")
-            shapes.append((suite, SUITES[suite]))
-    return [(suite, shape, dtype, causal == "yes", backend)
+            if suite == "backward":
+                shapes += [(suite, shape) for shape in BACKWARD_SHAPES]
+            elif suite in SUITES:
+                shapes.append((suite, SUITES[suite]))
+            else:
+                sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}, backward")
+    return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes
             for dtype in args.dtypes.split(",")
             for causal in args.causal.split(",")
-            for backend in args.backends.split(",")]
+            for backend in args.backends.split(",")
+            for pass_ in PASSES[args.passes]
+            if pass_ == "forward" or backend in BACKWARD_BACKENDS]
 
 
-def flops(shape, causal: bool) -> float:
-    """4·B·Hq·Nq·Nkv·d, halved when causal: the same count as fa-bench (AttentionProblem::flops)."""
+def flops(shape, causal: bool, pass_: str = "forward") -> float:
+    """4·B·Hq·Nq·Nkv·d, halved when causal, and 2.5 times that for the backward: the same count as fa-bench
+    (AttentionProblem::flops(Pass))."""
     batch, q_len, kv_len, q_heads, _, head_dim = shape
     full = 4.0 * batch * q_heads * q_len * kv_len * head_dim
-    return full / 2 if causal else full
+    forward = full / 2 if causal else full
+    return 2.5 * forward if pass_ == "backward" else forward
 
 
 def fmt(value) -> str:
@@ -111,12 +139,13 @@ def fmt(value) -> str:
     return "nan" if value is None or math.isnan(value) else f"{value:.6g}"
 
 
-def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err) -> list:
+def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err,
+             pass_="forward") -> list:
     """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it)."""
     batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
     return [step, "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, int(causal), fmt(ms),
-            fmt(flops(shape, causal) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min), fmt(ms_max), reps,
-            "nan", "nan", "nan", fmt(max_err)]
+            fmt(flops(shape, causal, pass_) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min), fmt(ms_max),
+            reps, "nan", "nan", "nan", fmt(max_err), pass_]
 
 
 def open_csv(path: str):
@@ -166,6 +195,103 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
             scores[i + 1:] = -math.inf  # top-left aligned: query i sees keys j <= i
         out.append(torch.softmax(scores, dim=0) @ v)
     return torch.stack(out)
+
+
+def reference_dq_rows(torch, inputs: Inputs, d_o, shape, causal: bool, rows):
+    """float64 dQ of the sampled rows (b, i, h) of out = attention(Q, K, V) given dO (SDPA's [B, H, N, d]):
+    tensor [len(rows), d]. dQ_i = scale sum_j P_ij (dP_ij - D_i) K_j with dP_ij = dO_i . V_j, D_i = dO_i . O_i."""
+    head_dim = shape[5]
+    group = shape[3] // shape[4]
+    scale = 1 / math.sqrt(head_dim)
+    out = []
+    for b, i, h in rows:
+        q = inputs.q[b, i, h].double()
+        k = inputs.k[b, :, h // group].double()
+        v = inputs.v[b, :, h // group].double()
+        scores = (k @ q) * scale
+        if causal:
+            scores[i + 1:] = -math.inf  # top-left aligned: query i sees keys j <= i
+        p = torch.softmax(scores, dim=0)
+        do = d_o[b, h, i].double()
+        d_p = v @ do
+        d_s = p * (d_p - do @ (p @ v))
+        out.append(scale * (d_s @ k))
+    return torch.stack(out)
+
+
+def l2_cache_bytes(torch) -> int:
+    """The GPU's L2 cache size (50 MiB, an H100's, when this torch does not say)."""
+    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+               or 50 * 2**20)
+
+
+def measure_backward(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
+    """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one backend's backward on one
+    configuration: torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) for out = SDPA(q, k, v), each call
+    on the next of enough copies of (q, k, v, out, dO) to leave the L2 cache (3 x its size, 1 to 8 copies, as
+    fa-bench). rel_err and max_err: sampled rows of dQ against float64.
+
+    Raises RuntimeError when the selected backend has no kernel for it.
+    """
+    kwargs = {"is_causal": causal}
+    if inputs.gqa:
+        kwargs["enable_gqa"] = True
+
+    def forward(q, k, v):
+        # SDPA's [B, H, N, d] views of the course's [B, N, H, d] leaves; the gradients come back in the course's layout.
+        return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs)
+
+    # One set first (a backend without a kernel raises here), then as many as leave the L2 cache.
+    leaves = [x.detach().clone().requires_grad_() for x in (inputs.q, inputs.k, inputs.v)]
+    out = forward(*leaves)
+    generator = torch.Generator(device="cuda").manual_seed(args.seed + 2)
+    d_o = torch.empty_like(out)  # out's strides: SDPA's kernels return [B, N, H, d] memory seen as [B, H, N, d]
+    d_o.copy_((torch.rand(out.shape, device="cuda", generator=generator) * 2 - 1).to(out.dtype))
+    # What one call reads and writes: Q, K, V, O, dO (and LSE, small), and dQ, dK, dV shaped like Q, K, V.
+    bytes_per_set = sum(x.numel() * x.element_size() for x in (*leaves, out, d_o, *leaves))
+    copies = max(1, min(8, -(-3 * l2_cache_bytes(torch) // bytes_per_set)))
+    sets = [(leaves, out, d_o)]
+    for _ in range(copies - 1):
+        more = [x.detach().clone().requires_grad_() for x in leaves]
+        sets.append((more, forward(*more), d_o.clone()))
+
+    def call(n):
+        qkv, o, g = sets[n % len(sets)]
+        return torch.autograd.grad(o, qkv, g, retain_graph=True)
+
+    # Extra memory: peak allocated during one backward call beyond what was live before it and the gradients.
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = call(0)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - sum(g.numel() * g.element_size() for g in grads)
+
+    # Accuracy of dQ on sampled rows; grads[0] is [B, N, H, d].
+    batch, q_len, _, q_heads, _, _ = shape
+    rng = torch.Generator().manual_seed(args.seed + 1)
+    rows = [(int(torch.randint(batch, (1,), generator=rng)), int(torch.randint(q_len, (1,), generator=rng)),
+             int(torch.randint(q_heads, (1,), generator=rng))) for _ in range(args.sample_rows)]
+    got = torch.stack([grads[0][b, i, h].double() for b, i, h in rows])
+    want = reference_dq_rows(torch, inputs, d_o, shape, causal, rows)
+    rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
+    max_err = float((got - want).abs().max())
+    if not math.isfinite(rel_err):
+        rel_err = max_err = math.nan
+    del grads
+
+    for n in range(args.warmup):
+        call(n)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for n in range(args.reps):
+        start.record()
+        call(n)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err, max_err
 
 
 def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
@@ -219,11 +345,16 @@ def main(argv=None) -> int:
     """Run the plan, print one line per measurement, append rows to the CSV."""
     args = parse_args(argv)
     measurements = plan(args)
+    if args.passes != "forward":
+        for backend in args.backends.split(","):
+            if backend not in BACKWARD_BACKENDS:
+                print(f"sdpa-{backend}: backward not timed (--pass backward times {', '.join(BACKWARD_BACKENDS)})")
     if args.dry_run:
         print(",".join(COLUMNS))
-        for suite, shape, dtype, causal, backend in measurements:
-            print(f"would time sdpa-{backend:<9} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = {','.join(map(str, shape))} "
-                  f"causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, median of {args.reps}")
+        for suite, shape, dtype, causal, backend, pass_ in measurements:
+            print(f"would time sdpa-{backend:<9} {pass_:<8} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = "
+                  f"{','.join(map(str, shape))} causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, "
+                  f"median of {args.reps}")
         return 0
 
     try:  # only here: --help and --dry-run work without torch
@@ -244,14 +375,15 @@ def main(argv=None) -> int:
     with open_csv(args.csv) as f:
         writer = csv.writer(f, lineterminator="\n")
         inputs_key, inputs = None, None
-        for n, (suite, shape, dtype, causal, backend) in enumerate(measurements):
+        for n, (suite, shape, dtype, causal, backend, pass_) in enumerate(measurements):
             if inputs_key != (shape, dtype):
                 inputs = None
                 torch.cuda.empty_cache()
                 inputs = Inputs(torch, shape, dtypes[dtype], args.seed)
                 inputs_key = (shape, dtype)
             what = (f"sdpa-{backend:<9} {suite:<8} {dtype} {','.join(map(str, shape))} "
-                    f"causal={'yes' if causal else 'no'}")
+                    f"causal={'yes' if causal else 'no'}" + (" backward" if pass_ == "backward" else ""))
+            timed = measure_backward if pass_ == "backward" else measure
             member = getattr(SDPBackend, BACKENDS[backend], None)
             if member is None:
                 print(f"skip {what}: this torch has no SDPBackend.{BACKENDS[backend]}")
@@ -259,17 +391,17 @@ def main(argv=None) -> int:
             try:
                 with warnings.catch_warnings(record=True) as caught, sdpa_kernel([member]):
                     warnings.simplefilter("always")
-                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = measure(torch, F.scaled_dot_product_attention,
-                                                                       inputs, shape, causal, args)
+                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, F.scaled_dot_product_attention,
+                                                                             inputs, shape, causal, args)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
                 # torch explains a refusal in warnings ("... requires ..."), then raises "No available kernel".
                 reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
                 print(f"skip {what}: {str(error).splitlines()[0]}" + (f" ({reasons})" if reasons else ""))
                 torch.cuda.empty_cache()
                 continue
-            tflops = flops(shape, causal) / (ms * 1e9)
+            tflops = flops(shape, causal, pass_) / (ms * 1e9)
             writer.writerow(peer_row(f"sdpa-{backend}", dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps,
-                                     extra, rel_err, max_err))
+                                     extra, rel_err, max_err, pass_))
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
                   f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")

@@ -10,8 +10,12 @@ checked against the recorded CSV (docs/results/) at any time:
     python3 bench/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
     python3 bench/tables.py rounds --csv docs/results/X.csv [--steps 20,21,24] [--head-dim 128]
                                                # medians over alternating rounds (bench/hopper_rounds.sh)
+    python3 bench/tables.py backward --csv out/bwd.csv [--steps 26,27] [--head-dim 128] [--suite backward]
+                                               # the backward's steps against SDPA's flash and cuDNN and FA3
 
-It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader.
+It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader. Every table but
+`backward` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
+read the backward's instead); a CSV recorded before the `pass` column holds forward rows only.
 """
 from __future__ import annotations
 
@@ -202,10 +206,69 @@ def rounds(rows, steps, head_dim=None) -> str:
 PEER_COLUMN = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "fa3": "FA3"}
 
 
+def _median(values: list[float]) -> float:
+    """The median (the mean of the middle two of an even count)."""
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def backward(rows, steps=(), head_dim=None, suite=None) -> str:
+    """The backward's table: per configuration (d, shape, dtype, causal), the ms and TFLOPS (2.5 x the forward's
+    FLOPs / t) of each listed backward step (default: every one in the rows) and of each peer, medians over the
+    rows of that configuration (the rounds of bench/hopper_rounds.sh, or repeated runs), then the fastest listed
+    step and each peer's time over its time (> 1: the step is faster), from the medians."""
+    picked = [r for r in plots.select(rows, **{"pass": "backward"})
+              if (head_dim is None or r["head_dim"] == head_dim) and (suite is None or r["suite"] == suite)]
+    peers = ["sdpa-flash", "sdpa-cudnn", "fa3"]
+
+    def name(r):
+        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
+
+    steps = list(steps) or sorted({name(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
+    columns = steps + peers
+
+    def config(r):
+        return (r["head_dim"], r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["kv_heads"], r["dtype"],
+                r["causal"])
+
+    samples: dict = {}
+    for r in picked:
+        for label in {name(r), r["step"]} & set(columns):  # a listed step id stands for its only variant
+            samples.setdefault((config(r), label), []).append(r)
+    ms = {k: _median([r["ms"] for r in v]) for k, v in samples.items()}
+    tflops = {k: _median([r["tflops"] for r in v]) for k, v in samples.items()}
+    head = (["d", "B, N, H", "dtype", "causal"] + [f"{PEER_COLUMN.get(c, c)} {unit}" for c in columns
+                                                   for unit in ("ms", "TFLOPS")]
+            + ["best step"] + [f"/ {PEER_COLUMN[p]}" for p in peers])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (2 * len(columns) + 1 + len(peers))]
+
+    def order(c):
+        d, b, nq, nkv, hq, _, dtype, causal = c
+        return (d, b * hq * nq * nkv, b, dtype, causal)
+
+    for cfg in sorted({config(r) for r in picked}, key=order):
+        d, b, nq, nkv, hq, hkv, dtype, causal = cfg
+        ours = [(ms[(cfg, s)], s) for s in steps if (cfg, s) in ms and not s.endswith("old")]
+        best_ms, best_step = min(ours) if ours else (None, "–")  # no step: the peers alone
+        cells = []
+        for c in columns:
+            cells += [_fmt(ms.get((cfg, c)), 4), _fmt(tflops.get((cfg, c)))]
+        ratios = [f"{_fmt(ms[(cfg, p)] / best_ms)}×" if best_ms and (cfg, p) in ms else "–" for p in peers]
+        n = f"{nq}" if nq == nkv else f"{nq}×{nkv}"
+        h = f"{hq}" if hq == hkv else f"{hq}/{hkv}"
+        lines.append(f"| {d} | {b}, {n}, {h} | {dtype} | {'yes' if causal else 'no'} | " + " | ".join(cells)
+                     + f" | {best_step} | " + " | ".join(ratios) + " |")
+    rounds = sorted({r["suite"] for r in picked if r["suite"].startswith("round")})
+    lines.append("\nThe backward: ms and TFLOPS (2.5 × the forward's FLOPs / t), "
+                 + (f"medians of {len(rounds)} alternating rounds" if rounds else "medians over the rows of each shape")
+                 + "; / peer: the peer's time over the fastest step's (> 1: the step is faster).")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds"])
+    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward"])
     parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
     parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
     parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
@@ -215,15 +278,24 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="f32,f16")
     parser.add_argument("--causal", default="0,1", help="0, 1 or both (0,1)")
     parser.add_argument("--head-dim", type=int, default=None)
+    parser.add_argument("--pass", dest="pass_", default="forward", choices=["forward", "backward"],
+                        help="the rows every table but backward reads (default forward)")
     args = parser.parse_args(argv)
     paths = args.csv or sorted(glob.glob(os.path.join(plots.REPO, "docs", "results", "*.csv")))
-    rows = plots.load(paths)
+
+    def load(paths):
+        return plots.select(plots.load(paths), **{"pass": args.pass_})
+
     steps = [s for s in args.steps.split(",") if s]
+    if args.table == "backward":
+        print(backward(plots.load(paths), steps, args.head_dim, args.suite))
+        return 0
+    rows = load(paths)
     if args.table == "times":
         print(times(rows, args.suite or "teaching", steps + ["cublas"] if "cublas" not in steps else steps,
                     args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
     elif args.table == "compare":
-        print(compare(plots.load(args.old), plots.load(args.new), args.pair))
+        print(compare(load(args.old), load(args.new), args.pair))
     elif args.table == "rounds":
         print(rounds(rows, steps, args.head_dim))
     elif args.table == "accuracy":

@@ -77,10 +77,10 @@ Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_len
 }
 
 Tolerance gradient_tolerance_for(DType dtype, double max_abs_score) {
-  Tolerance t = tolerance_for(dtype, max_abs_score);
-  const double scores = 8.0 * std::ldexp(std::abs(max_abs_score), -24);
-  t.rel_l2 = 2 * (t.rel_l2 - scores) + scores;
-  t.max_abs = 2 * (t.max_abs - scores) + scores;
+  const Tolerance forward = tolerance_for(dtype);  // the base bounds, without the score term
+  Tolerance t;
+  t.rel_l2 = 2 * forward.rel_l2 + 16.0 * std::ldexp(std::abs(max_abs_score), -24);  // see compare.hpp
+  t.max_abs = 2 * t.rel_l2;  // times the tensor's largest |reference| element, in judge_gradient
   t.row_rel = 2 * t.rel_l2;
   return t;
 }

@@ -50,14 +50,21 @@ Tolerance tolerance_for(DType dtype, double max_abs_score = 0);
 /// The tolerances of a gradient (dQ, dK or dV), written once.
 ///
 /// A gradient is the end of a longer chain than O: P is recomputed from LSE, dP - D subtracts two dot
-/// products of the same size, and dS = P (dP - D) feeds two more products. Each dtype's bounds are
-/// twice the forward's: f16 rounds O (in D), P and dS (on tensor cores) and the gradient itself to 11
-/// bits, bf16 to 8, f32 carries float rounding through twice as many sums. Gradients are not of order 1
-/// (dV of key 0 sums over every query row under a causal mask), so max_abs is relative to the largest
-/// |reference| element of the tensor, and a row's error is relative to its own norm or to the RMS row
-/// norm, whichever is larger: a row whose gradient cancels to near zero (a saturated softmax row, where
-/// dP_ij - D_i is the difference of two nearly equal numbers) is judged against a typical row.
-/// The score term is the forward's.
+/// products of the same size, and dS = P (dP - D) feeds two more products. Each dtype's relative L2
+/// bound is twice the forward's: f16 rounds O (in D), P and dS (on tensor cores) and the gradient
+/// itself to 11 bits, bf16 to 8, f32 carries float rounding through twice as many sums. Gradients are
+/// not of order 1 (dV of key 0 sums over every query row under a causal mask), so max_abs is relative
+/// to the largest |reference| element of the tensor, at twice the relative L2 bound (the forward's f16
+/// and bf16 ratio; the largest error of 10^5 elements sits several standard deviations out). A row's
+/// error is relative to its own norm or to the RMS row norm, whichever is larger: a row whose gradient
+/// cancels to near zero (a saturated softmax row, where dP_ij - D_i is the difference of two nearly
+/// equal numbers) is judged against a typical row.
+///
+/// Large scores: S and LSE each carry a float rounding at their magnitude, so the exponent of every
+/// recomputed P_ij is off by up to 2 * 2^-24 * max|S|, independently per score; and sum_j dS_ij = 0
+/// cancels in dQ, so those errors are not shrunk by the sum the way O's are. The score term is twice
+/// the forward's, 16 * 2^-24 * max|S|: 1e-3 relative with +1000 on every score (an H100 run of step
+/// 26 in f32 measured 5.4e-4 of the largest |dQ| there, against the 5.0e-4 the forward's term allows).
 Tolerance gradient_tolerance_for(DType dtype, double max_abs_score = 0);
 
 /// The largest absolute error of one LSE element: 2e-5 (a float log of a float sum of exponentials

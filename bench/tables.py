@@ -20,6 +20,7 @@ read the backward's instead); a CSV recorded before the `pass` column holds forw
 from __future__ import annotations
 
 import argparse
+import statistics
 import glob
 import math
 import os
@@ -140,14 +141,27 @@ def course(rows, dtype="f32", causal=0) -> str:
 
 def compare(old_rows, new_rows, pairs=(), limit=1.03) -> str:
     """New against old, config by config: every label measured in both, and each NEW=OLD pair (a bare
-    step id stands for its fastest variant on that configuration). `limit` marks what got slower."""
+    step id stands for its fastest variant on that configuration). `limit` marks what got slower.
+    Each side may be one list of rows or a list of lists, one per CSV (the rounds of an alternating
+    A/B): then a time is the median over the CSVs of that CSV's time."""
+    def rounds_of(rows):
+        return rows if rows and isinstance(rows[0], list) else [rows]
+    old_sets, new_sets = rounds_of(old_rows), rounds_of(new_rows)
+    old_rows = [r for rows in old_sets for r in rows]
+    new_rows = [r for rows in new_sets for r in rows]
     def key(r):
         return (r["suite"], r["dtype"], r["causal"], r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["head_dim"])
 
-    def fastest(rows, name, k):
+    def fastest_one(rows, name, k):
         here = [r for r in rows if key(r) == k]
         hits = [r for r in here if _name(r) == name] or [r for r in here if r["step"] == name]
         return min(hits, key=lambda r: r["ms"]) if hits else None
+
+    def fastest(sets, name, k):
+        found = [row for row in (fastest_one(rows, name, k) for rows in sets) if row]
+        if not found:
+            return None
+        return {**found[0], "ms": statistics.median(r["ms"] for r in found)}
 
     names = sorted({_name(r) for r in new_rows} & {_name(r) for r in old_rows}, key=plots.order_key)
     wanted = [(n, n) for n in names] + [tuple(p.split("=", 1)) for p in pairs]
@@ -156,7 +170,7 @@ def compare(old_rows, new_rows, pairs=(), limit=1.03) -> str:
     slower = 0
     for new_name, old_name in wanted:
         for k in sorted({key(r) for r in new_rows}):
-            new, old = fastest(new_rows, new_name, k), fastest(old_rows, old_name, k)
+            new, old = fastest(new_sets, new_name, k), fastest(old_sets, old_name, k)
             if not new or not old:
                 continue
             ratio = new["ms"] / old["ms"]
@@ -295,7 +309,8 @@ def main(argv=None) -> int:
         print(times(rows, args.suite or "teaching", steps + ["cublas"] if "cublas" not in steps else steps,
                     args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
     elif args.table == "compare":
-        print(compare(load(args.old), load(args.new), args.pair))
+        # One list of rows per CSV: a configuration timed in several rounds gets its median.
+        print(compare([load([p]) for p in args.old], [load([p]) for p in args.new], args.pair))
     elif args.table == "rounds":
         print(rounds(rows, steps, args.head_dim))
     elif args.table == "accuracy":

@@ -23,9 +23,9 @@ constexpr int kThreadsPerBlock = 256;  ///< one thread per element, 256 to a blo
 
 /// The workspace: P and dS, each [batch, q_heads, q_len, kv_len] floats, then D, [batch, q_heads, q_len].
 struct Workspace {
-  float* P;
-  float* dS;
-  float* D;
+  float* P;   ///< P_ij, recomputed from LSE (0 where masked)
+  float* dS;  ///< dS_ij = P_ij (dP_ij - D_i)
+  float* D;   ///< D_i = dO_i . O_i
 };
 
 /// Element (b, h, i, j) of a [batch, q_heads, q_len, kv_len] score matrix.

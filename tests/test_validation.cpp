@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include <cmath>
 #include <cstdint>
 
@@ -77,13 +79,21 @@ TEST_CASE("launchers that need aligned tensors refuse misaligned ones before lau
     if (step->pointer_alignment <= 1) continue;
     INFO("step " << step->label() << " needs " << step->pointer_alignment << "-byte alignment");
     const AttentionProblem p = supported_problem(*step);
-    for (int which = 0; which < 4; ++which) {
-      INFO("tensor " << "QKVO"[which]);
+    const int tensors = step->pass == Pass::backward ? 8 : 4;  // Q, K, V, O (, dO, dQ, dK, dV)
+    for (int which = 0; which < tensors; ++which) {
+      static constexpr std::array<const char*, 8> kNames = {"Q", "K", "V", "O", "dO", "dQ", "dK", "dV"};
+      INFO("tensor " << kNames[which]);
       AttentionTensors t{aligned, aligned, aligned, aligned, aligned};
+      t.lse = static_cast<float*>(aligned);
+      t.d_o = t.dq = t.dk = t.dv = aligned;
       if (which == 0) t.q = misaligned;
       if (which == 1) t.k = misaligned;
       if (which == 2) t.v = misaligned;
       if (which == 3) t.o = misaligned;
+      if (which == 4) t.d_o = misaligned;
+      if (which == 5) t.dq = misaligned;
+      if (which == 6) t.dk = misaligned;
+      if (which == 7) t.dv = misaligned;
       CHECK_THROWS_WITH(step->launch(p, t, nullptr), Contains("aligned"));
     }
   }

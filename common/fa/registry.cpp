@@ -47,6 +47,7 @@ namespace step24 { Launcher launcher(); }
 namespace step25 { Launcher launcher(); }
 namespace step26 { Launcher launcher(); }
 namespace step27 { Launcher launcher(); }
+namespace step28 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -143,6 +144,9 @@ const std::vector<StepInfo>& all_steps() {
       {"27", "", "flash_backward",
        "FlashAttention-2's backward: a block per K/V tile keeps dK, dV on chip while Q, dO tiles stream past; dQ by float atomics",
        step27::launcher()},
+      {"28", "", "tensor_core_backward",
+       "step 27's loop on mma.sync: S^T, dP^T, dV, dK and dQ as fragments; dS^T through shared memory for dQ",
+       step28::launcher()},
   };
   return steps;
 }

@@ -6,6 +6,7 @@
 // forward's LSE, dS_ij follows from D_i, which a small first kernel computes once per row, and each
 // block adds its share of dQ_i = scale dS_ij K_j into a float copy of dQ with atomics, because every
 // K/V tile contributes to every row. Memory beyond the inputs and outputs: D and the float dQ, O(N).
+#include "27_flash_backward/row_kernels.cuh"
 #include "fa/kit.cuh"
 
 namespace fa::step27 {
@@ -20,27 +21,11 @@ struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 
 constexpr int Br = 16;                 ///< query rows per Q tile
 constexpr int Bc = 16;                 ///< keys per K/V tile, one block's
 constexpr int kPad = 1;                ///< one word of padding per shared row: lane x starts in bank x (step 05)
-constexpr int kThreadsPerBlock = 256;  ///< for the one-thread-per-element kernels
 
 /// Shared memory: K_j, V_j (Bc rows), Q_i, dO_i (Br rows), each D + kPad floats a row; P_ij and dS_ij
 /// (Br x Bc, padded); LSE_i and D_i (Br each).
 constexpr int shared_bytes(int D) {
   return int(sizeof(float)) * (2 * (Bc + Br) * (D + kPad) + 2 * Br * (Bc + kPad) + 2 * Br);
-}
-
-/// Thread (b, h, i) computes D_i = dO_i . O_i, which every K/V tile's dS_ij = P_ij (dP_ij - D_i) needs.
-template <class T>
-__global__ void row_dot_kernel(kit::Grads<T> s, float* __restrict__ D_rows, std::int64_t rows) {
-  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= rows) return;
-  const int i = int(idx % s.q_len);
-  const int h = int((idx / s.q_len) % s.q_heads);
-  const int b = int(idx / (std::int64_t(s.q_len) * s.q_heads));
-  const T* __restrict__ o_row = s.o_head(b, h) + i * s.q_stride();
-  const T* __restrict__ do_row = s.do_head(b, h) + i * s.q_stride();
-  float D = 0.f;
-  for (int c = 0; c < s.head_dim; ++c) D += kit::to_float(do_row[c]) * kit::to_float(o_row[c]);
-  D_rows[idx] = D;  // D is [batch, q_heads, q_len], like LSE: idx is (b, h, i)
 }
 
 /// Block (key tile, kv_h, b), thread (x, y) = (key x of the tile, row y of a Q tile). Each thread holds
@@ -145,33 +130,17 @@ flash_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, floa
   }
 }
 
-/// Thread e rounds element e of the float dQ to dQ's type, and sets it back to zero: the workspace
-/// starts zero (problem.hpp), and the next call's atomics add to zeros again.
-template <class T>
-__global__ void convert_dq_kernel(float* __restrict__ dQ_acc, T* __restrict__ dQ, std::int64_t total) {
-  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
-  dQ[idx] = kit::from_float<T>(dQ_acc[idx]);
-  dQ_acc[idx] = 0.f;
-}
-
-/// Bytes of the float dQ (shaped like Q) and of D (one float per query row).
-std::size_t workspace_bytes(const AttentionProblem& p) {
-  return std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
-}
-
 /// Validates the problem, then launches D, the K/V-tile kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   kit::dispatch<Support>(p, t, "step 27", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);
     float* D_rows = dQ_acc + p.q_elements();
-    auto blocks = [](std::int64_t threads) { return kit::grid_1d((threads + kThreadsPerBlock - 1) / kThreadsPerBlock); };
-    kit::launch(row_dot_kernel<T>, blocks(p.lse_elements()), kThreadsPerBlock, 0, stream, kit::grads<T>(p, t), D_rows,
-                p.lse_elements());
+    kit::launch(bwd::row_dot_kernel<T>, bwd::row_blocks(p.lse_elements()), bwd::kRowThreads, 0, stream,
+                kit::grads<T>(p, t), D_rows, p.lse_elements());
     const dim3 grid(kit::ceil_div(p.kv_len, Bc), p.kv_heads, p.batch), block(Bc, Br);
     kit::launch(flash_backward_kernel<T, D>, grid, block, shared_bytes(D), stream, kit::grads<T, D>(p, t), D_rows,
                 dQ_acc);
-    kit::launch(convert_dq_kernel<T>, blocks(p.q_elements()), kThreadsPerBlock, 0, stream, dQ_acc,
+    kit::launch(bwd::convert_dq_kernel<T>, bwd::row_blocks(p.q_elements()), bwd::kRowThreads, 0, stream, dQ_acc,
                 static_cast<T*>(t.dq), p.q_elements());
   });
 }
@@ -179,6 +148,6 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 }  // namespace
 
 /// Step 27 as the registry lists it: the launcher and its workspace.
-Launcher launcher() { return kit::launcher<Support>(&launch, &workspace_bytes); }
+Launcher launcher() { return kit::launcher<Support>(&launch, &bwd::workspace_bytes); }
 
 }  // namespace fa::step27

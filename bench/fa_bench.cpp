@@ -266,10 +266,8 @@ ErrorStats gradient_error(const StepInfo& step, const AttentionProblem& p, const
   sets.dq[0].download(g.dq.bytes.data(), g.dq.byte_size());
   sets.dk[0].download(g.dk.bytes.data(), g.dk.byte_size());
   sets.dv[0].download(g.dv.bytes.data(), g.dv.byte_size());
-  const Verdict verdicts[] = {
-      judge_gradient(g.dq, ref.gradients.dq, p.head_dim, ref.max_abs_score, "dQ"),
-      judge_gradient(g.dk, ref.gradients.dk, p.head_dim, ref.max_abs_score, "dK"),
-      judge_gradient(g.dv, ref.gradients.dv, p.head_dim, ref.max_abs_score, "dV")};
+  const std::vector<Verdict> verdicts = judge_gradients(g, ref.gradients.dq, ref.gradients.dk, ref.gradients.dv,
+                                                        p.head_dim, ref.max_abs_score);
   for (const Verdict& v : verdicts) {
     if (!v.passed()) std::fprintf(stderr, "  %s: %s\n", step.label().c_str(), v.describe().c_str());
     worst.rel_l2 = std::max(worst.rel_l2, v.global.rel_l2);

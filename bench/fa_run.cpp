@@ -132,9 +132,7 @@ bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, c
   double max_abs_score = 0;
   reference_attention(p, q, k, v, &max_abs_score);
   const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double());
-  const Verdict verdicts[] = {judge_gradient(g.dq, ref.dq, p.head_dim, max_abs_score, "dQ"),
-                              judge_gradient(g.dk, ref.dk, p.head_dim, max_abs_score, "dK"),
-                              judge_gradient(g.dv, ref.dv, p.head_dim, max_abs_score, "dV")};
+  const std::vector<Verdict> verdicts = judge_gradients(g, ref.dq, ref.dk, ref.dv, p.head_dim, max_abs_score);
   bool ok = true;
   for (const Verdict& verdict : verdicts) {
     std::printf("%s vs float64 CPU reference: %s (%s)\n", verdict.tensor.c_str(), verdict.global.describe().c_str(),

@@ -205,10 +205,8 @@ Verdict judge_call(const StepInfo& step, const AttentionProblem& p, const Device
     verdicts.push_back(judge(device.download_o(p), prepared.expected, p.head_dim, prepared.max_abs_score));
     verdicts.push_back(judge_lse(device.download_lse(p), prepared.expected_lse, prepared.max_abs_score));
   } else {
-    const Gradients g = device.download_gradients(p);
-    verdicts.push_back(judge_gradient(g.dq, prepared.expected_dq, p.head_dim, prepared.max_abs_score, "dQ"));
-    verdicts.push_back(judge_gradient(g.dk, prepared.expected_dk, p.head_dim, prepared.max_abs_score, "dK"));
-    verdicts.push_back(judge_gradient(g.dv, prepared.expected_dv, p.head_dim, prepared.max_abs_score, "dV"));
+    verdicts = judge_gradients(device.download_gradients(p), prepared.expected_dq, prepared.expected_dk,
+                               prepared.expected_dv, p.head_dim, prepared.max_abs_score);
   }
   for (const Verdict& v : verdicts)
     if (!v.passed()) return v;

@@ -88,12 +88,22 @@ Tolerance gradient_tolerance_for(DType dtype, double max_abs_score) {
 double lse_tolerance(double max_abs_score) { return 2e-5 + 16.0 * std::ldexp(std::abs(max_abs_score), -24); }
 
 Verdict judge_gradient(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score,
-                       const std::string& tensor) {
-  double largest = 0;
+                       const std::string& tensor, double magnitude) {
+  double largest = std::ldexp(magnitude, -10);  // see compare.hpp
   for (double r : ref) largest = std::max(largest, std::abs(r));
   Verdict v = judge_with(out, ref, row_length, gradient_tolerance_for(out.dtype, max_abs_score), 1.0, largest);
   v.tensor = tensor;
   return v;
+}
+
+std::vector<Verdict> judge_gradients(const Gradients& out, const std::vector<double>& dq, const std::vector<double>& dk,
+                                     const std::vector<double>& dv, int head_dim, double max_abs_score) {
+  double magnitude = 0;  // the largest element of the three reference gradients
+  for (const std::vector<double>* ref : {&dq, &dk, &dv})
+    for (double r : *ref) magnitude = std::max(magnitude, std::abs(r));
+  return {judge_gradient(out.dq, dq, head_dim, max_abs_score, "dQ", magnitude),
+          judge_gradient(out.dk, dk, head_dim, max_abs_score, "dK", magnitude),
+          judge_gradient(out.dv, dv, head_dim, max_abs_score, "dV", magnitude)};
 }
 
 Verdict judge_lse(const HostTensor& out, const std::vector<double>& ref, double max_abs_score) {

@@ -93,9 +93,18 @@ struct Verdict {
 Verdict judge(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score = 0);
 
 /// A gradient (dQ, dK or dV) against its float64 reference, with gradient_tolerance_for's bounds: max
-/// abs relative to max |ref|, each row relative to the larger of its norm and the RMS row norm.
+/// abs relative to the larger of max |ref| and 2^-10 of `magnitude`, each row relative to the larger of
+/// its norm and the RMS row norm. `magnitude` is the largest |element| of the call's three gradients:
+/// where a gradient cancels to zero everywhere (one key: dS = P (dP - D) = 0 exactly, in exact
+/// arithmetic), its rounding is relative to the terms that cancel, not to their difference, and an
+/// H100 run gave |dQ| of 6e-8 there against a zero reference.
 Verdict judge_gradient(const HostTensor& out, const std::vector<double>& ref, int row_length, double max_abs_score,
-                       const std::string& tensor);
+                       const std::string& tensor, double magnitude = 0);
+
+/// dQ, dK and dV of one call, each judged with judge_gradient against its float64 reference (in that
+/// order), with the call's largest reference element as `magnitude`.
+std::vector<Verdict> judge_gradients(const Gradients& out, const std::vector<double>& dq, const std::vector<double>& dk,
+                                     const std::vector<double>& dv, int head_dim, double max_abs_score);
 
 /// LSE (f32, one value per query row) against its float64 reference, element by element with
 /// lse_tolerance's bound.

@@ -48,6 +48,7 @@ namespace step25 { Launcher launcher(); }
 namespace step26 { Launcher launcher(); }
 namespace step27 { Launcher launcher(); }
 namespace step28 { Launcher launcher(); }
+namespace step29 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -147,6 +148,9 @@ const std::vector<StepInfo>& all_steps() {
       {"28", "", "tensor_core_backward",
        "step 27's loop on mma.sync: S^T, dP^T, dV, dK and dQ as fragments; dS^T through shared memory for dQ",
        step28::launcher()},
+      {"29", "", "backward_pipeline",
+       "step 28 with two stages for Q_i, dO_i, LSE and D: the next Q tile's copies land while this one is computed",
+       step29::launcher()},
   };
   return steps;
 }

@@ -148,8 +148,8 @@ const std::vector<StepInfo>& all_steps() {
       {"28", "", "tensor_core_backward",
        "step 27's loop on mma.sync: S^T, dP^T, dV, dK and dQ as fragments; dS^T through shared memory for dQ",
        step28::launcher()},
-      {"29", "", "backward_pipeline",
-       "step 28 with two stages for Q_i, dO_i, LSE and D: the next Q tile's copies land while this one is computed",
+      {"29", "", "vector_atomics",
+       "dQ added four floats per request (red.global.add.v4.f32, sm_90): a quarter of step 28's L2 atomics",
        step29::launcher()},
   };
   return steps;

@@ -1,11 +1,11 @@
-// Step 29: the backward's Q tiles pipelined: Q_{i+1}, dO_{i+1}, LSE and D arrive while tile i is computed.
+// Step 29: dQ added 16 bytes at a time: one vector reduction where step 28 issued four atomics.
 //
-// Step 28 loads each Q tile's Q_i, dO_i, LSE_i and D_i and then waits for them: every Q tile starts with
-// the copies' full latency, and a block streams up to q_len / 64 tiles past its keys per query head. Here
-// those four live in two stages. While the warps compute tile i from stage i % 2, the copies of tile i + 1
-// (cp.async, including LSE and D, 4 bytes at a time) fill stage (i + 1) % 2, which tile i - 1 finished
-// reading before the previous barrier. The loop is step 28's, as for the forward's two-stage pipeline in
-// step 17; the price is a second stage of shared memory, 32 KiB more at d = 128.
+// Nsight Compute puts step 28 at 84 % of the L2's throughput and 26 % of the SMs' at d = 128: every
+// (K/V tile, Q tile) pair adds a 64 x d share of dQ to global memory, one float atomicAdd per element,
+// and the L2 serves each as its own request. Hopper's red.global.add.v4.f32 adds four adjacent floats in
+// one request. A lane holds two adjacent columns of two rows of each C fragment, so lanes t and t ^ 1 swap
+// a row's pair with one shuffle each way and each then holds four adjacent columns of one row: a quarter
+// of the requests for the same bytes. Vector reductions need sm_90; the rest is step 28's kernel.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"
@@ -22,7 +22,7 @@ using namespace tc;
 
 /// What this step accepts: 16-bit inputs for mma.sync, head_dim 64 and 128 (a multiple of 64: the swizzle).
 struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
-  static constexpr int min_arch = 80;            ///< mma.sync m16n8k16 and ldmatrix: sm_80
+  static constexpr int min_arch = 90;            ///< red.global.add.v4.f32: sm_90 (mma.sync and ldmatrix: sm_80)
   static constexpr int pointer_alignment = 16;   ///< 16-byte cp.async copies
   static constexpr Pass pass = Pass::backward;   ///< dQ, dK, dV from Q, K, V, O, LSE and dO
   static constexpr bool needs_workspace = true;  ///< D and dQ in float; the float dQ starts zero and is left zero
@@ -34,16 +34,13 @@ constexpr int Bc = kWarps * kRowsPerWarp;         ///< 64 keys per block: 16 per
 constexpr int Br = 64;                            ///< query rows per Q tile
 constexpr int kDsRowBytes = Br * 2;               ///< one key's row of dS^T in shared memory: 128 bytes
 
-constexpr int kStages = 2;                        ///< Q-tile stages: tile i in stage i % 2
+/// Shared memory: K_j, V_j (Bc x D), Q_i, dO_i (Br x D), all swizzled 16-bit tiles; dS^T (Bc x Br, 16-bit,
+/// swizzled); the Q tile's LSE and D (Br floats each, LSE in log2 units).
+constexpr int shared_bytes(int D) { return 2 * (2 * Bc * D + 2 * Br * D + Bc * Br) + 2 * Br * 4; }
 
-/// Shared memory: K_j, V_j (Bc x D), then per stage Q_i, dO_i (Br x D), all swizzled 16-bit tiles; dS^T
-/// (Bc x Br, 16-bit, swizzled); per stage the Q tile's LSE and D (Br floats each).
-constexpr int shared_bytes(int D) { return 2 * (2 * Bc * D + kStages * 2 * Br * D + Bc * Br) + kStages * 2 * Br * 4; }
-
-/// Starts copying one float of global memory into shared memory, or (src_bytes = 0) writes a zero: LSE and D
-/// rows, which are not 16-byte aligned (cp.async.ca: 4-byte copies go through L1).
-__device__ __forceinline__ void cp_async_4(std::uint32_t shared_address, const void* global, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes)
+/// Adds four floats to four adjacent floats of global memory (16-byte aligned) in one reduction request.
+__device__ __forceinline__ void red_add_v4(float* address, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 }
 
@@ -51,7 +48,7 @@ __device__ __forceinline__ void cp_async_4(std::uint32_t shared_address, const v
 /// computes 16 rows of each Q tile's dQ share.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, float* __restrict__ dQ_acc,
+vector_atomics_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, float* __restrict__ dQ_acc,
                             float scale_log2) {
   constexpr int kDSteps = D / 16;    // k-steps of S^T and dP^T (over the head dimension)
   constexpr int kRowTiles = Br / 8;  // n8 tiles of S^T (query rows)
@@ -60,15 +57,14 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
   constexpr int kOutTiles = D / 8;   // n8 tiles of dK, dV and dQ (columns)
   constexpr int kRowBytes = D * 2;
 
-  constexpr int kStageBytes = 2 * 2 * Br * D;  // Q_i and dO_i of one stage
   extern __shared__ __align__(128) unsigned char shared[];
   const std::uint32_t K_tile = shared_address(shared);     // [Bc][D] swizzled
   const std::uint32_t V_tile = K_tile + 2 * Bc * D;         // [Bc][D] swizzled
-  const std::uint32_t Q_tile = V_tile + 2 * Bc * D;         // stage s: + s * kStageBytes; [Br][D] swizzled
-  const std::uint32_t dO_tile = Q_tile + 2 * Br * D;        // stage s: + s * kStageBytes; [Br][D] swizzled
-  const std::uint32_t dS_tile = Q_tile + kStages * kStageBytes;  // [Bc][Br] swizzled: dS^T, a key's row per 128 bytes
-  const std::uint32_t rows_tile = dS_tile + 2 * Bc * Br;    // stage s: LSE at + s * 2 Br * 4, then D
-  const float* rows_base = reinterpret_cast<const float*>(shared + (rows_tile - K_tile));
+  const std::uint32_t Q_tile = V_tile + 2 * Bc * D;         // [Br][D] swizzled
+  const std::uint32_t dO_tile = Q_tile + 2 * Br * D;        // [Br][D] swizzled
+  const std::uint32_t dS_tile = dO_tile + 2 * Br * D;       // [Bc][Br] swizzled: dS^T, a key's row per 128 bytes
+  float* LSE_i = reinterpret_cast<float*>(shared + 2 * (2 * Bc * D + 2 * Br * D + Bc * Br));
+  float* D_i = LSE_i + Br;
 
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;
@@ -109,35 +105,22 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
 
   // Top-left causal: a row i sees key j only if j <= i, so Q tiles before j0 see none of this block's keys.
   const int first_row = s.causal ? j0 / Br * Br : 0;
-  // Starts the copies of Q tile i0 of head h into `stage`: Q_i, dO_i (rows past q_len zero-filled), LSE_i and
-  // D_i (0 there: their Q and dO rows are zeros, so their P multiplies zeros).
-  auto load_q_tile = [&](int h, int i0, int stage) {
-    load_rows_async<Br, D, kThreads>(Q_tile + stage * kStageBytes, s.q_head(b, h), i0, s.q_len, q_stride, tid);
-    load_rows_async<Br, D, kThreads>(dO_tile + stage * kStageBytes, s.do_head(b, h), i0, s.q_len, q_stride, tid);
-    if (tid < Br) {
-      const bool row = i0 + tid < s.q_len;
-      const float* lse = s.lse_head(b, h) + (row ? i0 + tid : 0);
-      const float* d = D_rows + (lse - s.LSE);  // D has LSE's layout
-      cp_async_4(rows_tile + (stage * 2 * Br + tid) * 4, lse, row ? 4 : 0);
-      cp_async_4(rows_tile + (stage * 2 * Br + Br + tid) * 4, d, row ? 4 : 0);
-    }
-  };
-  if (first_row < s.q_len) load_q_tile(kv_h * group, first_row, 0);
-  cp_async_commit();
-  int tile = 0;  // Q tiles so far, over the group's heads: this one is in stage tile % 2
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-    for (int i0 = first_row; i0 < s.q_len; i0 += Br, ++tile) {
-      // This tile has landed (the only copies in flight), and every warp is done with the one before: its
-      // reads of the other stage ended before its dS^T barrier, its dS^T reads before this one.
+    const float* lse_rows = s.lse_head(b, h);
+    const float* d_rows = D_rows + (s.lse_head(b, h) - s.LSE);  // D has LSE's layout
+    for (int i0 = first_row; i0 < s.q_len; i0 += Br) {
+      __syncthreads();  // every warp is done with the previous Q tile's Q_i, dO_i and dS^T
+      load_rows_async<Br, D, kThreads>(Q_tile, s.q_head(b, h), i0, s.q_len, q_stride, tid);
+      load_rows_async<Br, D, kThreads>(dO_tile, s.do_head(b, h), i0, s.q_len, q_stride, tid);
+      cp_async_commit();
+      if (tid < Br) {
+        // LSE in log2 units, so P = 2^(S scale_log2 - LSE log2 e). Rows past q_len get 0: their Q and dO
+        // rows are zeros, so their P multiplies zeros.
+        LSE_i[tid] = i0 + tid < s.q_len ? lse_rows[i0 + tid] * kLog2e : 0.f;
+        D_i[tid] = i0 + tid < s.q_len ? d_rows[i0 + tid] : 0.f;
+      }
       cp_async_wait<0>();
       __syncthreads();
-      const int stage = tile % kStages;
-      if (i0 + Br < s.q_len) load_q_tile(h, i0 + Br, 1 - stage);                         // the next tile
-      else if (h + 1 < (kv_h + 1) * group) load_q_tile(h + 1, first_row, 1 - stage);   // of the next head
-      cp_async_commit();
-      const std::uint32_t stage_offset = stage * kStageBytes;
-      const float* LSE_i = rows_base + stage * 2 * Br;
-      const float* D_i = LSE_i + Br;
 
       // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: 16 keys x Br rows each. C element [n][e] is key
       // key0 + g + 8 (e >= 2), row i0 + 8n + 2t + (e & 1).
@@ -150,8 +133,8 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
 #pragma unroll
         for (int n = 0; n < kRowTiles; n += 2) {
           std::uint32_t qb[4], dob[4];
-          ldmatrix_x4(qb, Q_bt + stage_offset + n * 8 * kRowBytes + (((2 * k) ^ bt_lane_xor) << 4));
-          ldmatrix_x4(dob, dO_bt + stage_offset + n * 8 * kRowBytes + (((2 * k) ^ bt_lane_xor) << 4));
+          ldmatrix_x4(qb, Q_bt + n * 8 * kRowBytes + (((2 * k) ^ bt_lane_xor) << 4));
+          ldmatrix_x4(dob, dO_bt + n * 8 * kRowBytes + (((2 * k) ^ bt_lane_xor) << 4));
           mma_m16n8k16<T>(S[n], k_frag, qb[0], qb[1]);
           mma_m16n8k16<T>(S[n + 1], k_frag, qb[2], qb[3]);
           mma_m16n8k16<T>(dP[n], v_frag, dob[0], dob[1]);
@@ -167,7 +150,7 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = 8 * n + 2 * t + (e & 1);  // row within the Q tile
-          float p = fast_exp2(S[n][e] * scale_log2 - LSE_i[r] * kLog2e);
+          float p = fast_exp2(S[n][e] * scale_log2 - LSE_i[r]);
           if (needs_mask) {
             const int key = key0 + g + (e >= 2 ? 8 : 0);
             if (key >= s.kv_len || (s.causal && key > i0 + r)) p = 0.f;
@@ -215,8 +198,8 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
 #pragma unroll
         for (int c = 0; c < kOutTiles; c += 2) {
           std::uint32_t dob[4], qb[4];
-          ldmatrix_x4_trans(dob, dO_b + stage_offset + k * 16 * kRowBytes + ((c ^ b_lane_xor) << 4));
-          ldmatrix_x4_trans(qb, Q_b + stage_offset + k * 16 * kRowBytes + ((c ^ b_lane_xor) << 4));
+          ldmatrix_x4_trans(dob, dO_b + k * 16 * kRowBytes + ((c ^ b_lane_xor) << 4));
+          ldmatrix_x4_trans(qb, Q_b + k * 16 * kRowBytes + ((c ^ b_lane_xor) << 4));
           mma_m16n8k16<T>(dV[c], p_frag[k], dob[0], dob[1]);
           mma_m16n8k16<T>(dV[c + 1], p_frag[k], dob[2], dob[3]);
           mma_m16n8k16<T>(dK[c], ds_frag[k], qb[0], qb[1]);
@@ -226,11 +209,15 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
       __syncthreads();  // dS^T is complete: every warp's 16 keys
 
       // dQ_i += scale dS K_j: warp w takes rows 16w .. 16w + 15 of the Q tile, 32 columns at a time, and adds
-      // them to the float dQ. Every K/V tile's block adds to the same rows: atomics.
+      // them to the float dQ. Every K/V tile's block adds to the same rows: atomics. Lanes t and t ^ 1 swap
+      // halves: an even t keeps row g and takes its partner's columns 2t + 2, 2t + 3 of it, an odd t keeps
+      // row g + 8 and takes 2t - 2, 2t - 1; each lane then adds columns 4 (t / 2) .. + 3 of its row at once.
       std::uint32_t dsa[kKeySteps][4];
 #pragma unroll
       for (int k = 0; k < kKeySteps; ++k) ldmatrix_x4_trans(dsa[k], dS_a + k * 16 * kDsRowBytes + (ds_lane_xor << 4));
-      const int row = i0 + warp * kRowsPerWarp + g;  // and row + 8
+      const bool odd = t & 1;
+      const int row = i0 + warp * kRowsPerWarp + g + (odd ? 8 : 0);
+      float* dq_row = dQ_acc + s.q_offset(b, h) + std::int64_t(row) * q_stride + 4 * (t >> 1);
 #pragma unroll
       for (int c0 = 0; c0 < kOutTiles; c0 += 4) {
         float acc[4][4] = {};
@@ -245,14 +232,13 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
           }
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (row + 8 * r >= s.q_len) continue;
-          float* dq_row = dQ_acc + s.q_offset(b, h) + std::int64_t(row + 8 * r) * q_stride;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            atomicAdd(dq_row + (c0 + c) * 8 + 2 * t, s.scale * acc[c][2 * r]);
-            atomicAdd(dq_row + (c0 + c) * 8 + 2 * t + 1, s.scale * acc[c][2 * r + 1]);
-          }
+        for (int c = 0; c < 4; ++c) {
+          // The pair this lane gives away is the row its partner keeps.
+          const float give0 = odd ? acc[c][0] : acc[c][2], give1 = odd ? acc[c][1] : acc[c][3];
+          const float got0 = __shfl_xor_sync(kFullMask, give0, 1), got1 = __shfl_xor_sync(kFullMask, give1, 1);
+          const float4 v = odd ? float4{got0, got1, acc[c][2], acc[c][3]} : float4{acc[c][0], acc[c][1], got0, got1};
+          if (row < s.q_len)
+            red_add_v4(dq_row + (c0 + c) * 8, float4{s.scale * v.x, s.scale * v.y, s.scale * v.z, s.scale * v.w});
         }
       }
     }
@@ -277,13 +263,13 @@ tensor_core_backward_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows
 
 /// Validates the problem, then launches D, the K/V-tile kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  kit::dispatch<Support>(p, t, "step 28", [&]<class T, int D>() {
+  kit::dispatch<Support>(p, t, "step 29", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);
     float* D_rows = dQ_acc + p.q_elements();
     kit::launch(bwd::row_dot_kernel<T>, bwd::row_blocks(p.lse_elements()), bwd::kRowThreads, 0, stream,
                 kit::grads<T>(p, t), D_rows, p.lse_elements());
     const dim3 grid(kit::ceil_div(p.kv_len, Bc), p.kv_heads, p.batch);
-    kit::launch(tensor_core_backward_kernel<T, D>, grid, kThreads, shared_bytes(D), stream, kit::grads<T, D>(p, t),
+    kit::launch(vector_atomics_kernel<T, D>, grid, kThreads, shared_bytes(D), stream, kit::grads<T, D>(p, t),
                 D_rows, dQ_acc, p.softmax_scale() * kLog2e);
     kit::launch(bwd::convert_dq_kernel<T>, bwd::row_blocks(p.q_elements()), bwd::kRowThreads, 0, stream, dQ_acc,
                 static_cast<T*>(t.dq), p.q_elements());
@@ -292,7 +278,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
 }  // namespace
 
-/// Step 28 as the registry lists it: the launcher and its workspace.
+/// Step 29 as the registry lists it: the launcher and its workspace.
 Launcher launcher() { return kit::launcher<Support>(&launch, &bwd::workspace_bytes); }
 
 }  // namespace fa::step29

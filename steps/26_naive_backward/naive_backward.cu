@@ -8,6 +8,7 @@
 // P_ij = exp(scale q_i . k_j - LSE_i), with no running max or sum. This step writes P and dS to
 // memory, Nq x Nkv floats each per head, and runs one thread per element of each: obviously right,
 // and the baseline the FlashAttention backward (step 27) removes the N x N memory from.
+#include "26_naive_backward/row_dot.cuh"
 #include "fa/kit.cuh"
 
 namespace fa::step26 {
@@ -19,7 +20,6 @@ struct Support : kit::Support<kit::DTypes<float, __half>, kit::HeadDims<32, 64, 
   static constexpr bool needs_workspace = true;    ///< P and dS (Nq x Nkv per head) and D in global memory
 };
 
-constexpr int kThreadsPerBlock = 256;  ///< one thread per element, 256 to a block
 
 /// The workspace: P and dS, each [batch, q_heads, q_len, kv_len] floats, then D, [batch, q_heads, q_len].
 struct Workspace {
@@ -34,16 +34,27 @@ __device__ std::int64_t score_index(const kit::Grads<T>& s, int b, int h, int i,
   return ((std::int64_t(b) * s.q_heads + h) * s.q_len + i) * s.kv_len + j;
 }
 
+/// The coordinates of score element idx: the inverse of score_index.
+struct Score {
+  int b;  ///< batch
+  int h;  ///< query head
+  int i;  ///< query row
+  int j;  ///< key
+};
+template <class T>
+__device__ Score score_of(const kit::Grads<T>& s, std::int64_t idx) {
+  return {int(idx / (std::int64_t(s.kv_len) * s.q_len * s.q_heads)),
+          int((idx / (std::int64_t(s.kv_len) * s.q_len)) % s.q_heads), int((idx / s.kv_len) % s.q_len),
+          int(idx % s.kv_len)};
+}
+
 /// Thread (b, h, i, j) recomputes P_ij from the forward's LSE: exp(scale q_i . k_j - LSE_i), 0 where
 /// the causal mask hides key j from row i.
 template <class T>
 __global__ void probabilities_kernel(kit::Grads<T> s, Workspace w, std::int64_t total) {
   const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
-  const int j = int(idx % s.kv_len);
-  const int i = int((idx / s.kv_len) % s.q_len);
-  const int h = int((idx / (std::int64_t(s.kv_len) * s.q_len)) % s.q_heads);
-  const int b = int(idx / (std::int64_t(s.kv_len) * s.q_len * s.q_heads));
+  const auto [b, h, i, j] = score_of(s, idx);
   const int kv_head = h / (s.q_heads / s.kv_heads);  // GQA: a group of query heads shares one KV head
 
   float p = 0.f;
@@ -57,31 +68,13 @@ __global__ void probabilities_kernel(kit::Grads<T> s, Workspace w, std::int64_t 
   w.P[idx] = p;
 }
 
-/// Thread (b, h, i) computes D_i = dO_i . O_i: the row sum of P o dP, from O instead of from P.
-template <class T>
-__global__ void row_dot_kernel(kit::Grads<T> s, Workspace w, std::int64_t rows) {
-  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= rows) return;
-  const int i = int(idx % s.q_len);
-  const int h = int((idx / s.q_len) % s.q_heads);
-  const int b = int(idx / (std::int64_t(s.q_len) * s.q_heads));
-  const T* __restrict__ o_row = s.o_head(b, h) + i * s.q_stride();
-  const T* __restrict__ do_row = s.do_head(b, h) + i * s.q_stride();
-  float D = 0.f;
-  for (int c = 0; c < s.head_dim; ++c) D += kit::to_float(do_row[c]) * kit::to_float(o_row[c]);
-  w.D[idx] = D;  // D is [batch, q_heads, q_len]: idx is (b, h, i)
-}
-
 /// Thread (b, h, i, j) computes dP_ij = dO_i . V_j and dS_ij = P_ij (dP_ij - D_i): the softmax's
 /// Jacobian applied to dP. A masked score has P_ij = 0, so its dS_ij is 0 too.
 template <class T>
 __global__ void score_gradient_kernel(kit::Grads<T> s, Workspace w, std::int64_t total) {
   const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
-  const int j = int(idx % s.kv_len);
-  const int i = int((idx / s.kv_len) % s.q_len);
-  const int h = int((idx / (std::int64_t(s.kv_len) * s.q_len)) % s.q_heads);
-  const int b = int(idx / (std::int64_t(s.kv_len) * s.q_len * s.q_heads));
+  const auto [b, h, i, j] = score_of(s, idx);
   const int kv_head = h / (s.q_heads / s.kv_heads);
 
   const T* __restrict__ do_row = s.do_head(b, h) + i * s.q_stride();
@@ -143,19 +136,19 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
   return (2 * scores + std::size_t(p.lse_elements())) * sizeof(float);
 }
 
-/// Validates the problem, then launches the five kernels in order on `stream`.
+/// Validates the problem, then launches the five kernels in order on `stream` (D's comes from row_dot.cuh).
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   kit::dispatch<Support>(p, t, "step 26", [&]<class T, int D>() {
     const std::int64_t scores = std::int64_t(p.batch) * p.q_heads * p.q_len * p.kv_len;
     float* workspace = static_cast<float*>(t.workspace);
     const Workspace w{workspace, workspace + scores, workspace + 2 * scores};
     const kit::Grads<T> s = kit::grads<T>(p, t);
-    auto blocks = [](std::int64_t threads) { return kit::grid_1d((threads + kThreadsPerBlock - 1) / kThreadsPerBlock); };
-    kit::launch(probabilities_kernel<T>, blocks(scores), kThreadsPerBlock, 0, stream, s, w, scores);
-    kit::launch(row_dot_kernel<T>, blocks(p.lse_elements()), kThreadsPerBlock, 0, stream, s, w, p.lse_elements());
-    kit::launch(score_gradient_kernel<T>, blocks(scores), kThreadsPerBlock, 0, stream, s, w, scores);
-    kit::launch(dq_kernel<T>, blocks(p.q_elements()), kThreadsPerBlock, 0, stream, s, w, p.q_elements());
-    kit::launch(dkv_kernel<T>, blocks(p.kv_elements()), kThreadsPerBlock, 0, stream, s, w, p.kv_elements());
+    kit::launch(probabilities_kernel<T>, bwd::row_blocks(scores), bwd::kRowThreads, 0, stream, s, w, scores);
+    kit::launch(bwd::row_dot_kernel<T>, bwd::row_blocks(p.lse_elements()), bwd::kRowThreads, 0, stream, s, w.D,
+                p.lse_elements());
+    kit::launch(score_gradient_kernel<T>, bwd::row_blocks(scores), bwd::kRowThreads, 0, stream, s, w, scores);
+    kit::launch(dq_kernel<T>, bwd::row_blocks(p.q_elements()), bwd::kRowThreads, 0, stream, s, w, p.q_elements());
+    kit::launch(dkv_kernel<T>, bwd::row_blocks(p.kv_elements()), bwd::kRowThreads, 0, stream, s, w, p.kv_elements());
   });
 }
 

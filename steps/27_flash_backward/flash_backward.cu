@@ -6,7 +6,8 @@
 // forward's LSE, dS_ij follows from D_i, which a small first kernel computes once per row, and each
 // block adds its share of dQ_i = scale dS_ij K_j into a float copy of dQ with atomics, because every
 // K/V tile contributes to every row. Memory beyond the inputs and outputs: D and the float dQ, O(N).
-#include "27_flash_backward/row_kernels.cuh"
+#include "26_naive_backward/row_dot.cuh"
+#include "27_flash_backward/float_dq.cuh"
 #include "fa/kit.cuh"
 
 namespace fa::step27 {

@@ -10,7 +10,8 @@
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "14_warp_tiling/load_rows.cuh"
-#include "27_flash_backward/row_kernels.cuh"
+#include "26_naive_backward/row_dot.cuh"
+#include "27_flash_backward/float_dq.cuh"
 #include "fa/kit.cuh"
 
 #include <cstdint>

@@ -34,13 +34,14 @@ __device__ std::int64_t score_index(const kit::Grads<T>& s, int b, int h, int i,
   return ((std::int64_t(b) * s.q_heads + h) * s.q_len + i) * s.kv_len + j;
 }
 
-/// The coordinates of score element idx: the inverse of score_index.
+/// The coordinates of one element of a score matrix.
 struct Score {
   int b;  ///< batch
   int h;  ///< query head
   int i;  ///< query row
   int j;  ///< key
 };
+/// The coordinates of score element idx: the inverse of score_index.
 template <class T>
 __device__ Score score_of(const kit::Grads<T>& s, std::int64_t idx) {
   return {int(idx / (std::int64_t(s.kv_len) * s.q_len * s.q_heads)),

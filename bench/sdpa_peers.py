@@ -225,6 +225,36 @@ def l2_cache_bytes(torch) -> int:
                or 50 * 2**20)
 
 
+def sampled_rows(torch, shape, args):
+    """args.sample_rows random (b, i, h) rows of a [B, N, H, d] problem, the same for every backend."""
+    batch, q_len, _, q_heads, _, _ = shape
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    return [(int(torch.randint(batch, (1,), generator=generator)), int(torch.randint(q_len, (1,), generator=generator)),
+             int(torch.randint(q_heads, (1,), generator=generator))) for _ in range(args.sample_rows)]
+
+
+def errors(torch, got, want):
+    """(relative L2, max abs) error of sampled rows against float64; NaN for both when any is not finite."""
+    rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
+    max_err = float((got - want).abs().max())
+    return (rel_err, max_err) if math.isfinite(rel_err) else (math.nan, math.nan)
+
+
+def event_times(torch, call, args):
+    """(median, min, max, count) in ms of args.reps CUDA-event-timed calls call(n) after args.warmup untimed ones."""
+    for n in range(args.warmup):
+        call(n)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for n in range(args.reps):
+        start.record()
+        call(n)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times), min(times), max(times), len(times)
+
+
 def measure_backward(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one backend's backward on one
     configuration: torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) for out = SDPA(q, k, v), each call
@@ -269,29 +299,11 @@ def measure_backward(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     extra = torch.cuda.max_memory_allocated() - before - sum(g.numel() * g.element_size() for g in grads)
 
     # Accuracy of dQ on sampled rows; grads[0] is [B, N, H, d].
-    batch, q_len, _, q_heads, _, _ = shape
-    rng = torch.Generator().manual_seed(args.seed + 1)
-    rows = [(int(torch.randint(batch, (1,), generator=rng)), int(torch.randint(q_len, (1,), generator=rng)),
-             int(torch.randint(q_heads, (1,), generator=rng))) for _ in range(args.sample_rows)]
+    rows = sampled_rows(torch, shape, args)
     got = torch.stack([grads[0][b, i, h].double() for b, i, h in rows])
-    want = reference_dq_rows(torch, inputs, d_o, shape, causal, rows)
-    rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
-    max_err = float((got - want).abs().max())
-    if not math.isfinite(rel_err):
-        rel_err = max_err = math.nan
+    rel_err, max_err = errors(torch, got, reference_dq_rows(torch, inputs, d_o, shape, causal, rows))
     del grads
-
-    for n in range(args.warmup):
-        call(n)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for n in range(args.reps):
-        start.record()
-        call(n)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err, max_err
+    return (*event_times(torch, call, args), max(0, extra), rel_err, max_err)
 
 
 def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
@@ -316,29 +328,11 @@ def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
 
     # Accuracy on sampled rows; out is [B, H, N, d].
-    batch, q_len, _, q_heads, _, _ = shape
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    rows = [(int(torch.randint(batch, (1,), generator=generator)), int(torch.randint(q_len, (1,), generator=generator)),
-             int(torch.randint(q_heads, (1,), generator=generator))) for _ in range(args.sample_rows)]
+    rows = sampled_rows(torch, shape, args)
     got = torch.stack([out[b, h, i].double() for b, i, h in rows])
-    want = reference_rows(torch, inputs, shape, causal, rows)
-    rel_err = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
-    max_err = float((got - want).abs().max())
-    if not math.isfinite(rel_err):
-        rel_err = max_err = math.nan
+    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows))
     del out
-
-    for _ in range(args.warmup):
-        call()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(args.reps):
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), max(times), len(times), max(0, extra), rel_err, max_err
+    return (*event_times(torch, lambda n: call(), args), max(0, extra), rel_err, max_err)
 
 
 def main(argv=None) -> int:

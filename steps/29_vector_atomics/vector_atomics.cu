@@ -12,6 +12,7 @@
 #include "14_warp_tiling/load_rows.cuh"
 #include "26_naive_backward/row_dot.cuh"
 #include "27_flash_backward/float_dq.cuh"
+#include "29_vector_atomics/red_add.cuh"
 #include "fa/kit.cuh"
 
 #include <cstdint>
@@ -38,12 +39,6 @@ constexpr int kDsRowBytes = Br * 2;               ///< one key's row of dS^T in 
 /// Shared memory: K_j, V_j (Bc x D), Q_i, dO_i (Br x D), all swizzled 16-bit tiles; dS^T (Bc x Br, 16-bit,
 /// swizzled); the Q tile's LSE and D (Br floats each, LSE in log2 units).
 constexpr int shared_bytes(int D) { return 2 * (2 * Bc * D + 2 * Br * D + Bc * Br) + 2 * Br * 4; }
-
-/// Adds four floats to four adjacent floats of global memory (16-byte aligned) in one reduction request.
-__device__ __forceinline__ void red_add_v4(float* address, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
 
 /// Block (key tile, kv_h, b): warp w owns keys j0 + 16w .. j0 + 16w + 15 and their dK, dV; every warp
 /// computes 16 rows of each Q tile's dQ share.
@@ -239,7 +234,7 @@ vector_atomics_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, floa
           const float got0 = __shfl_xor_sync(kFullMask, give0, 1), got1 = __shfl_xor_sync(kFullMask, give1, 1);
           const float4 v = odd ? float4{got0, got1, acc[c][2], acc[c][3]} : float4{acc[c][0], acc[c][1], got0, got1};
           if (row < s.q_len)
-            red_add_v4(dq_row + (c0 + c) * 8, float4{s.scale * v.x, s.scale * v.y, s.scale * v.z, s.scale * v.w});
+            bwd::red_add_v4(dq_row + (c0 + c) * 8, float4{s.scale * v.x, s.scale * v.y, s.scale * v.z, s.scale * v.w});
         }
       }
     }

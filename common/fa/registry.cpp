@@ -49,6 +49,8 @@ namespace step26 { Launcher launcher(); }
 namespace step27 { Launcher launcher(); }
 namespace step28 { Launcher launcher(); }
 namespace step29 { Launcher launcher(); }
+namespace step30 { Launcher launcher(); }
+namespace step31 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -151,6 +153,12 @@ const std::vector<StepInfo>& all_steps() {
       {"29", "", "vector_atomics",
        "dQ added four floats per request (red.global.add.v4.f32, sm_90): a quarter of step 28's L2 atomics",
        step29::launcher()},
+      {"30", "", "square_warp_tiles",
+       "FlashAttention-2's block: 8 warps, 128 keys, P and dS through shared memory so every product takes a 32 x 32 warp tile",
+       step30::launcher()},
+      {"31", "", "prefetched_q_tiles",
+       "the next Q tile's copies start before this one's products: Q and dO in two stages, one block per SM no longer waits",
+       step31::launcher()},
   };
   return steps;
 }

@@ -51,6 +51,7 @@ namespace step28 { Launcher launcher(); }
 namespace step29 { Launcher launcher(); }
 namespace step30 { Launcher launcher(); }
 namespace step31 { Launcher launcher(); }
+namespace step32 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -159,6 +160,9 @@ const std::vector<StepInfo>& all_steps() {
       {"31", "", "prefetched_q_tiles",
        "the next Q tile's copies start before this one's products: Q and dO in two stages, one block per SM no longer waits",
        step31::launcher()},
+      {"32", "", "lean_loop",
+       "the loop issues what the products need: swizzled ldmatrix addresses as one XOR of a base, the tile walk without division",
+       step32::launcher()},
   };
   return steps;
 }

@@ -52,6 +52,9 @@ namespace step29 { Launcher launcher(); }
 namespace step30 { Launcher launcher(); }
 namespace step31 { Launcher launcher(); }
 namespace step32 { Launcher launcher(); }
+namespace step33 { Launcher launcher(); }
+namespace step34 { Launcher launcher(); }
+namespace step35 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -163,6 +166,15 @@ const std::vector<StepInfo>& all_steps() {
       {"32", "", "lean_loop",
        "the loop issues what the products need: swizzled ldmatrix addresses as one XOR of a base, the tile walk without division",
        step32::launcher()},
+      {"33", "", "reordered_k_copy",
+       "dQ from a copy of K with each 16 columns' pairs reordered: a lane holds four adjacent dQ columns, no lane swap",
+       step33::launcher()},
+      {"34", "", "tall_q_tiles",
+       "at d = 64, Q tiles of 128 rows as FlashAttention-2 takes them, dP in two key halves to stay in registers",
+       step34::launcher()},
+      {"35", "", "interleaved_reductions",
+       "dQ's product first, its reductions spread between dV's and dK's mmas instead of back to back at the tile's end",
+       step35::launcher()},
   };
   return steps;
 }

@@ -1,14 +1,13 @@
-// Step 35: dQ's reductions issued between dV's and dK's mmas, where their registers have time to be read.
+// Step 35: dQ's reductions issued between dV's and dK's mmas instead of back to back at the end of the tile.
 //
 // A reduction (red.global.add.v4.f32) reads its four source registers some time after it issues, and an
 // instruction that writes one of them must wait until it has: a write-after-read on the long scoreboard. Step 34
-// ends each Q tile with dQ's eight reductions back to back, and ptxas gathers each one's floats in the same
-// four registers: every gather waits for the reduction before it. Nsight Compute samples 11.5 % of step 33's
-// stalls at d = 128 on the long scoreboard, most of them at those gathers (its FMULs and address IMADs).
-// The products of a tile can run in any order once P and dS are in shared memory. Here dQ's comes first, and
-// its reductions are issued one after every second k-step of dV's and dK's, sixteen mmas apart: by the time a
-// register is written again, the reduction has read it. dQ's accumulators stay live across dV's and dK's
-// products, which ptxas fits without spilling.
+// ends each Q tile with dQ's eight reductions back to back, and ptxas gathers each one's floats and address in the
+// registers the one before used: every gather waits for the reduction before it. Nsight Compute samples 11.5 % of
+// the stalls at d = 128 on the long scoreboard, most of them at those gathers.
+// The products of a tile can run in any order once P and dS are in shared memory. Here dQ's comes first, and its
+// reductions are issued one after every second (k, c) step of dV's and dK's products, 16 mmas apart. dQ's
+// accumulators stay live across dV's and dK's products; ptxas fits them without spilling.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "11_exp2_softmax/exp2.cuh"

@@ -1,12 +1,12 @@
 // Step 34: at d = 64, Q tiles of 128 rows, FlashAttention-2's block there; dP in two halves keeps it in registers.
 //
 // At d = 64 every product of a 64-row Q tile is half as long as at d = 128, while the work around the products
-// stays: the two barriers, LSE and D, the copies of the next tile, the loop. The warp tiles are small too: dQ's
+// stays: the three barriers, LSE and D, the copies of the next tile, the loop. The warp tiles are small too: dQ's
 // 32 rows x 16 columns costs an ldmatrix for every 1.3 mmas (an x4 of dS per m16 tile and k-step, one of K'
 // per two n8 tiles), S's and dP's one for every 2. FlashAttention-2 takes 128 rows at d = 64. Here, at d = 64:
 // * The warps split a Q tile 4 x 2 (rows x keys): S, P, dP and dS are 32 rows x 64 keys a warp, dQ 32 rows x 32
 //   columns. dV and dK keep their 32 keys x d / 2 columns and take twice the k-steps a tile. Per 128 rows, the
-//   ldmatrixes go from 176 to 152 a warp and the barriers from 4 to 2.
+//   ldmatrixes go from 176 to 152 a warp and the barriers from 6 to 3.
 // * S and dP at 32 x 64 are 64 floats a lane each, beside 64 of dV and dK: 192, and ptxas spilled 36 bytes. dP is
 //   made in two halves of 32 keys, each turned into dS before the next begins: 32 floats fewer, no spill, at the
 //   price of reading dO's fragments twice (8 more ldmatrixes a tile).

@@ -226,7 +226,8 @@ tall_q_tiles_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, float*
       }
 
       // dP = dO_i V_w^T, the same tile as S; then dS = P (dP - D), to shared memory for dK and dQ. At d = 64 in
-      // two halves of 32 keys (n8 tiles kHalfTiles half ..): each half's dP is dS before the next is made.
+      // two halves of 32 keys (n8 tiles kHalfTiles half ..): each half's dP is dS before the next is made. (The
+      // halves' body keeps step 33's indentation, so that step-diff shows what changed.)
       constexpr int kHalves = kWarpKeys / 32, kHalfTiles = kKeyTiles / kHalves;
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {

@@ -55,6 +55,7 @@ namespace step32 { Launcher launcher(); }
 namespace step33 { Launcher launcher(); }
 namespace step34 { Launcher launcher(); }
 namespace step35 { Launcher launcher(); }
+namespace step36 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -175,6 +176,9 @@ const std::vector<StepInfo>& all_steps() {
       {"35", "", "interleaved_reductions",
        "dQ's product first, its reductions spread between dV's and dK's mmas instead of back to back at the tile's end",
        step35::launcher()},
+      {"36", "", "coalesced_side_kernels",
+       "D = rowsum(dO o O) and dQ's rounding in 16-byte accesses, a warp on consecutive bytes: D's kernel 7x faster",
+       step36::launcher()},
   };
   return steps;
 }

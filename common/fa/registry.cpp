@@ -56,6 +56,7 @@ namespace step33 { Launcher launcher(); }
 namespace step34 { Launcher launcher(); }
 namespace step35 { Launcher launcher(); }
 namespace step36 { Launcher launcher(); }
+namespace step37 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -179,6 +180,9 @@ const std::vector<StepInfo>& all_steps() {
       {"36", "", "coalesced_side_kernels",
        "D = rowsum(dO o O) and dQ's rounding in 16-byte accesses, a warp on consecutive bytes: D's kernel 7x faster",
        step36::launcher()},
+      {"37", "", "staggered_q_walk",
+       "without the causal mask, block x starts its walk over the Q tiles at tile x: the blocks' dQ additions spread",
+       step37::launcher()},
   };
   return steps;
 }

@@ -130,7 +130,8 @@ staggered_q_walk_kernel(kit::Grads<T, D> s, const float* __restrict__ D_rows, fl
   const int tiles = group * per_head;
   // Without the mask, block x starts at tile x of that walk (mod tiles): its head and first row.
   const int start = s.causal || tiles == 0 ? 0 : blockIdx.x % tiles;
-  int h = kv_h * group + start / per_head, i0 = first_row + start % per_head * Br;  // tile it's head and first row
+  int h = kv_h * group, i0 = first_row;  // tile it's head and first row
+  if (start > 0) h += start / per_head, i0 += start % per_head * Br;  // (start > 0: per_head > 0)
   if (tiles > 0) {
     load_rows_async<Br, D, kThreads>(Q_tile, s.q_head(b, h), i0, s.q_len, q_stride, tid);
     load_rows_async<Br, D, kThreads>(dO_tile, s.do_head(b, h), i0, s.q_len, q_stride, tid);

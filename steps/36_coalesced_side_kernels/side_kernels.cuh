@@ -20,8 +20,9 @@ template <int D> dim3 row_dot_wide_blocks(std::int64_t rows) { return row_blocks
 
 /// D_i = dO_i . O_i as row_dot_kernel computes it, with kRowLanes<D> consecutive threads per row (8 at d = 64,
 /// 16 at d = 128): thread `chunk` of a row reads its 16-byte chunk of dO_i and of O_i, and the row's lanes sum
-/// their dot products with shuffles. A warp reads 512 consecutive bytes of each tensor (two or four whole rows)
-/// where row_dot_kernel's warp read 2 bytes from each of 32 rows head_dim * q_heads * 2 bytes apart. kRowLanes
+/// their dot products with shuffles. A warp's load takes whole rows of each tensor (two at d = 128, four at d = 64),
+/// each row contiguous: 16 sectors of 32 bytes, every byte used, where row_dot_kernel's warp read 2 bytes from each
+/// of 32 rows head_dim * q_heads * 2 bytes apart: 32 sectors for 64 bytes. kRowLanes
 /// divides 32, so a row's lanes sit in one warp; every lane reaches the shuffles, rows past the last with 0.
 template <class T, int D>
 __global__ void row_dot_wide_kernel(kit::Grads<T, D> s, float* __restrict__ D_rows, std::int64_t rows) {

@@ -1,13 +1,14 @@
-// Step 36: the backward's two side kernels read and write memory in 16-byte pieces, a warp on consecutive bytes.
+// Step 36: the backward's side kernels read and write memory in 16-byte pieces, each row whole by consecutive lanes.
 //
 // Before and after the K/V-tile kernel, every backward step since 27 runs two small kernels: D = rowsum(dO o O)
 // (row_dot_kernel, one thread a query row) and dQ's rounding from float (convert_dq_kernel, one thread an
 // element). Per element of Q they move 14 bytes (dO and O in; the float dQ in, rounded out and zeroed), and
 // Nsight Compute timed them at d = 128 (B=4 N=4096 H=16 f16): 371 us for D and 127 us for the rounding, next to
-// 5.54 ms for the main kernel. D's kernel moves the fewest bytes and takes the longest. Its 32 lanes read 2 bytes each from 32 rows that lie q_heads * head_dim * 2 bytes apart, so every
-// load of a warp touches 32 sectors for 64 useful bytes.
+// 5.54 ms for the main kernel. D's kernel moves the fewest bytes and takes the longest. Its 32 lanes read 2 bytes
+// each from 32 rows that lie q_heads * head_dim * 2 bytes apart, so every load of a warp touches 32 sectors for 64
+// useful bytes.
 // Here head_dim / 8 lanes share a row, each reading 16 contiguous bytes of dO and of O, and shuffles sum their
-// parts (side_kernels.cuh); the rounding reads four floats a thread. Measured the same way: 50 us and 111 us. The
+// parts (side_kernels.cuh); the rounding reads four floats a thread. Measured the same way: 48 us and 110 us. The
 // K/V-tile kernel is step 35's, unchanged.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"

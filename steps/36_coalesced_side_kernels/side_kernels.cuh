@@ -1,6 +1,6 @@
 /// @file side_kernels.cuh
 /// @brief Step 36's two side kernels of the backward, reading and writing memory as the main kernel does: in
-/// 16-byte pieces, the 32 lanes of a warp on consecutive bytes. D = rowsum(dO o O) with head_dim / 8 lanes per
+/// 16-byte pieces, each row read whole by consecutive lanes. D = rowsum(dO o O) with head_dim / 8 lanes per
 /// query row, and dQ's rounding four floats per thread. Included by every later backward step.
 #pragma once
 

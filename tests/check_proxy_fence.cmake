@@ -25,8 +25,17 @@ foreach(object IN LISTS OBJECTS)
       continue()
     endif()
     set(kernel "${CMAKE_MATCH_1}")
+    # Step 25's only thread store to shared memory is the scheduler's next tile index, which threads read; its
+    # wgmmas read only tiles the copy engine wrote. (Before the SYNCS rule below, the fence ptxas places at the
+    # mbarrier inits let this kernel pass; now it is named.)
+    if(kernel MATCHES "persistent_grid_kernel")
+      continue()
+    endif()
     if(section MATCHES "HGMMA" AND section MATCHES "(LDGSTS|[ \t]STS[. ])")
       math(EXPR checked "${checked} + 1")
+      # ptxas puts a FENCE.VIEW.ASYNC.S of its own just before the mbarrier inits (SYNCS.EXCH): that one does
+      # not count. (Only addresses, encodings and blanks lie between the two: no capital letter.)
+      string(REGEX REPLACE "FENCE\\.VIEW\\.ASYNC\\.S[^A-Z]*SYNCS\\.EXCH" "SYNCS.EXCH" section "${section}")
       if(NOT section MATCHES "FENCE\\.VIEW\\.ASYNC\\.S")
         string(APPEND missing "\n  ${kernel} (${object})")
       endif()

@@ -57,6 +57,7 @@ namespace step34 { Launcher launcher(); }
 namespace step35 { Launcher launcher(); }
 namespace step36 { Launcher launcher(); }
 namespace step37 { Launcher launcher(); }
+namespace step38 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -183,6 +184,9 @@ const std::vector<StepInfo>& all_steps() {
       {"37", "", "staggered_q_walk",
        "without the causal mask, block x starts its walk over the Q tiles at tile x: the blocks' dQ additions spread",
        step37::launcher()},
+      {"38", "", "wgmma_backward",
+       "the backward on wgmma: S^T and dP^T per warpgroup of keys, P^T and dS^T as register A operands of dV and dK, Q and dO by TMA",
+       step38::launcher()},
   };
   return steps;
 }

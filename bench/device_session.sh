@@ -56,15 +56,18 @@ if [ "${FA_SANITIZE:-1}" = 1 ]; then
   steps=$(ctest --test-dir build -N | grep -oE "step[0-9]+/" | sort -u | tr -d 'step/')
   # The other GPU tests (reductions over every block size, the trace) run one
   # test case per process: together they outran racecheck's time limit.
-  others=$(build/tests/fa_tests "[gpu]~[attention]~[large]" --list-test-names-only | grep -v '^$' | awk '{print "other" NR}')
+  others=$(build/tests/fa_tests "[gpu]~[attention]~[backward]~[large]" --list-test-names-only | grep -v '^$' | awk '{print "other" NR}')
   targets="${FA_SANITIZE_STEPS:-$steps cublas} ${FA_SANITIZE_OTHER-$others}"
   echo "== compute-sanitizer (attention shapes up to ${FA_SANITIZE_MAX_LEN:-300} long)"
   for tool in ${FA_SANITIZE_TOOLS:-memcheck racecheck}; do
     for target in $targets; do
       if [[ "$target" == other* ]]; then
-        args=("$(build/tests/fa_tests "[gpu]~[attention]~[large]" --list-test-names-only | grep -v '^$' | sed -n "${target#other}p" | sed "s/,/\\\\,/g")")
+        args=("$(build/tests/fa_tests "[gpu]~[attention]~[backward]~[large]" --list-test-names-only | grep -v '^$' | sed -n "${target#other}p" | sed "s/,/\\\\,/g")")
       else
-        args=("[attention]" --step "$target" --max-len "${FA_SANITIZE_MAX_LEN:-300}"); fi
+        # A backward step's cases are tagged [backward]; under "[attention]" it would check nothing.
+        tag="[attention]"
+        ctest --test-dir build -N | grep -q "step$target/the backward" && tag="[backward]"
+        args=("$tag" --step "$target" --max-len "${FA_SANITIZE_MAX_LEN:-300}"); fi
       log="$OUT/sanitizer-$tool-$target.log"
       ( timeout "${FA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 99 \
           build/tests/fa_tests "${args[@]}" > "$log" 2>&1; echo "exit $?" >> "$log" ) &

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <stdexcept>
 #include <string>
 
 namespace fa::test {
@@ -48,8 +49,17 @@ std::vector<const StepInfo*> steps_under_test() {
 
 std::vector<const StepInfo*> steps_under_test(Pass pass) {
   std::vector<const StepInfo*> steps;
-  for (const StepInfo* s : steps_under_test())
+  const std::vector<const StepInfo*> selected = steps_under_test();
+  for (const StepInfo* s : selected)
     if (s->pass == pass) steps.push_back(s);
+  // --step naming only steps of the other pass would leave this test case nothing to run, and a run that
+  // checks nothing must not read as passed: say which tag tests them.
+  if (steps.empty() && !selected.empty() && !g_step_filter.empty()) {
+    const Pass other = selected.front()->pass;
+    throw std::invalid_argument("--step " + g_step_filter + " names " + to_string(other) + " step(s) only; this test case checks the " +
+                                to_string(pass) + " pass and would check nothing. Select the " + to_string(other) +
+                                " tests with \"[" + (other == Pass::backward ? "backward" : "attention") + "]\"");
+  }
   return steps;
 }
 

@@ -13,7 +13,8 @@ namespace fa::test {
 /// The implementations under test: the step named by --step (all its variants), or every step and the
 /// cuBLAS baseline.
 std::vector<const StepInfo*> steps_under_test();
-/// Those of them that compute `pass`.
+/// Those of them that compute `pass`. Throws std::invalid_argument when --step names only steps of the
+/// other pass (the test case would check nothing).
 std::vector<const StepInfo*> steps_under_test(Pass pass);
 
 /// A fresh seed from the machine's random device: every run tests new inputs (print it on failure).

@@ -3,6 +3,7 @@
 // that reached the CUDA runtime first would fail with a CudaError instead.
 #include "fa/kit.hpp"
 #include "fa/registry.hpp"
+#include "fa/tma.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -78,4 +79,15 @@ TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit
   CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{somewhere, somewhere, somewhere, somewhere, nullptr}, nullptr),
                     Contains("workspace"));
   CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{}, nullptr), Contains("tensor Q is missing"));
+}
+
+TEST_CASE("a tensor map refuses a head_dim or box its copies cannot cover, naming what it takes", "[cpu][kit]") {
+  // A box row is 128 bytes: 64 columns of a 16-bit type, 32 floats (step 39's float dQ). The refusals come before
+  // the driver is asked for the map, so no pointer is needed.
+  CHECK_THROWS_WITH(kit::heads_tensor_map(nullptr, DType::f16, 1, 64, 1, 96, 64),
+                    Contains("head_dim = 96") && Contains("f16") && Contains("multiples of 64"));
+  CHECK_THROWS_WITH(kit::heads_tensor_map(nullptr, DType::f32, 1, 64, 1, 48, 64),
+                    Contains("head_dim = 48") && Contains("f32") && Contains("multiples of 32"));
+  CHECK_THROWS_WITH(kit::heads_tensor_map(nullptr, DType::bf16, 1, 64, 1, 128, 300),
+                    Contains("box_rows = 300") && Contains("1 to 256"));
 }

@@ -58,6 +58,7 @@ namespace step35 { Launcher launcher(); }
 namespace step36 { Launcher launcher(); }
 namespace step37 { Launcher launcher(); }
 namespace step38 { Launcher launcher(); }
+namespace step39 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -187,6 +188,9 @@ const std::vector<StepInfo>& all_steps() {
       {"38", "", "wgmma_backward",
        "the backward on wgmma: S^T and dP^T per warpgroup of keys, P^T and dS^T as register A operands of dV and dK, Q and dO by TMA",
        step38::launcher()},
+      {"39", "", "dq_by_copy_engine",
+       "dQ's pieces go through shared memory to the copy engine, which adds them to the float dQ (cp.reduce.async.bulk.tensor)",
+       step39::launcher()},
   };
   return steps;
 }

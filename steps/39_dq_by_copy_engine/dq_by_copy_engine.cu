@@ -52,7 +52,7 @@ constexpr int kChunkRowBytes = 128;  ///< bytes of one row of a chunk
 constexpr int kDqBuffers = 2;
 /// A dQ piece is copied in boxes of 32 floats (128 bytes, the 128-byte swizzle's row) by 64 rows: 8 KiB each.
 constexpr int kDqBoxColumns = 32;
-constexpr int kDqBoxBytes = 64 * kDqBoxColumns * 4;
+constexpr int kDqBoxBytes = 64 * kDqBoxColumns * 4;  ///< bytes of one box: 64 rows x 32 floats
 
 /// Shared memory: K_j, V_j (Bc x D), kStages x (Q_i, dO_i) (Br x D), dS^T (Bc x Br), all 16-bit and swizzled;
 /// kDqBuffers x dQ_i (Br x D floats, swizzled); kStages x (LSE, D) (Br floats each); 1 + kStages mbarriers; 1024

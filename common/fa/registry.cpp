@@ -59,6 +59,7 @@ namespace step36 { Launcher launcher(); }
 namespace step37 { Launcher launcher(); }
 namespace step38 { Launcher launcher(); }
 namespace step39 { Launcher launcher(); }
+namespace step40 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -191,6 +192,9 @@ const std::vector<StepInfo>& all_steps() {
       {"39", "", "dq_by_copy_engine",
        "dQ's pieces go through shared memory to the copy engine, which adds them to the float dQ (cp.reduce.async.bulk.tensor)",
        step39::launcher()},
+      {"40", "", "warp_specialized_backward",
+       "a producer warpgroup loads Q, dO, LSE and D and hands dQ to the copy engine; the consumers meet only at dS^T",
+       step40::launcher()},
   };
   return steps;
 }

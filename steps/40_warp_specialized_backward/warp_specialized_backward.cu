@@ -78,7 +78,7 @@ constexpr int kDqBuffers = 2;
 constexpr int kDqBoxColumns = 32;
 constexpr int kDqBoxBytes = 64 * kDqBoxColumns * 4;  ///< bytes of one box: 64 rows x 32 floats
 
-/// dS^T's buffers: two where shared memory has room for them (d = 128; at d = 64 a second one would need 24 bytes
+/// dS^T's buffers: two where shared memory has room for them (d = 128; at d = 64 a second one would need 40 bytes
 /// more than the SM's 227 KiB), so that tile i + 1 writes dS^T while the other warpgroup may still read tile i's.
 /// With one, the consumers meet a second time a tile, before dS^T is written again.
 template <int D> constexpr int kDsBuffers = D == 128 ? 2 : 1;

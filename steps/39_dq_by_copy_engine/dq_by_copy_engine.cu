@@ -351,7 +351,7 @@ dq_by_copy_engine_kernel(const __grid_constant__ CUtensorMap q_map, const __grid
   }
 }
 
-/// Validates the problem, builds the four tensor maps, then launches D, the K/V-tile kernel and dQ's rounding.
+/// Validates the problem, builds the five tensor maps, then launches D, the K/V-tile kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   kit::dispatch<Support>(p, t, "step 39", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);

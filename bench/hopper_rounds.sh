@@ -9,13 +9,15 @@
 #   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
 # FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;
 # FA_ROUND_DTYPES (default f16,bf16); FA_ROUND_BENCH: another fa-bench to time the same way (an
-# earlier tree's, for an ablation), its rows tagged old.
+# earlier tree's, for an ablation), its rows tagged old; FA_ROUND_PASS: forward (default) or backward, the
+# peers' pass (fa-bench times each step's own).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/rounds"
 rounds=${1:-2}
 steps=${FA_ROUND_STEPS:-20,21,22,23,24}
 dtypes=${FA_ROUND_DTYPES:-f16,bf16}
+pass=${FA_ROUND_PASS:-forward}
 read -r -a shapes <<< "${FA_ROUND_SHAPES:-4,4096,4096,16,16,128 1,16384,16384,16,16,128 16,1024,1024,16,16,128 4,4096,4096,16,16,64}"
 [ -x build/bench/fa-bench ] || { echo "build/bench/fa-bench is missing: build this tree first"; exit 1; }
 
@@ -37,11 +39,11 @@ for round in $(seq 1 "$rounds"); do
         --no-baseline --csv "$OUT/rounds/old-$round-$tag.csv" > "$OUT/rounds/old-$round-$tag.txt" 2>&1
     fi
     echo "== round $round: peers at $shape"
-    python3 bench/sdpa_peers.py --shape "$shape" --dtypes "$dtypes" --backends flash,cudnn --reps 30 \
+    python3 bench/sdpa_peers.py --pass "$pass" --shape "$shape" --dtypes "$dtypes" --backends flash,cudnn --reps 30 \
       --csv "$OUT/rounds/peers-$round-$tag.csv" > "$OUT/rounds/peers-$round-$tag.txt" 2>&1
     if [ "$fa3" = 1 ] && [ "${shape##*,}" = 128 ]; then
-      PYTHONPATH=/tmp/fa3-site XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/fa3_peer.py --shape "$shape" \
-        --dtypes "$dtypes" --csv "$OUT/rounds/fa3-$round-$tag.csv" > "$OUT/rounds/fa3-$round-$tag.txt" 2>&1 ||
+      PYTHONPATH=/tmp/fa3-site XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/fa3_peer.py --pass "$pass" \
+        --shape "$shape" --dtypes "$dtypes" --csv "$OUT/rounds/fa3-$round-$tag.csv" > "$OUT/rounds/fa3-$round-$tag.txt" 2>&1 ||
         tail -5 "$OUT/rounds/fa3-$round-$tag.txt"
     fi
   done

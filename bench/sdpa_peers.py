@@ -38,6 +38,7 @@ import math
 import os
 import statistics
 import sys
+import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -241,17 +242,28 @@ def errors(torch, got, want):
 
 
 def event_times(torch, call, args):
-    """(median, min, max, count) in ms of args.reps CUDA-event-timed calls call(n) after args.warmup untimed ones."""
+    """(median, min, max, count) in ms of args.reps CUDA-event-timed calls call(n) after args.warmup untimed ones.
+
+    As fa-bench times the steps: the timed calls are queued back to back, each between its own pair of events,
+    behind a hold (torch.cuda._sleep) long enough for the host to queue them all, so the events bracket the GPU's
+    work and not the host's (a backward through autograd spends a few hundred microseconds on the host), and the
+    GPU runs the calls one after another, as in a training loop.
+    """
     for n in range(args.warmup):
         call(n)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for n in range(args.reps):
+    torch.cuda.synchronize()
+    queued = time.perf_counter()
+    call(args.warmup)
+    host_us = (time.perf_counter() - queued) * 1e6  # the host's time to queue one call, on an idle GPU
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.reps)]
+    torch.cuda._sleep(int((1000 + 1.5 * args.reps * host_us) * 2000))  # _sleep counts cycles: ~2 a nanosecond
+    for n, (start, stop) in enumerate(events):
         start.record()
         call(n)
         stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
+    torch.cuda.synchronize()
+    times = [start.elapsed_time(stop) for start, stop in events]
     return statistics.median(times), min(times), max(times), len(times)
 
 

@@ -89,6 +89,14 @@ std::string dtype_list(const StepInfo& s) {
 std::string head_dim_list(const StepInfo& s) {
   return join(s.head_dims, [](int d) { return std::to_string(d); });
 }
+/// " [KV cache: per-sequence lengths, pages]": the KV-cache forms a step takes, or "" for none.
+std::string cache_note(const StepInfo& s) {
+  std::vector<std::string> forms;
+  if (s.cache_forms.kv_lens) forms.push_back("per-sequence lengths");
+  if (s.cache_forms.paged) forms.push_back("pages");
+  if (s.cache_forms.bottom_right) forms.push_back("bottom-right causal");
+  return forms.empty() ? "" : " [KV cache: " + join(forms, [](const std::string& f) { return f; }) + "]";
+}
 }  // namespace
 
 void print_step_list(std::ostream& out) {
@@ -99,10 +107,12 @@ void print_step_list(std::ostream& out) {
   rows.push_back(&cublas_baseline());
   for (const StepInfo* s : rows)
     out << std::setw(14) << s->label() << std::setw(15) << dtype_list(*s) << std::setw(12) << head_dim_list(*s)
-        << std::setw(8) << s->min_gpu() << std::setw(10) << to_string(s->pass) << s->summary << "\n";
+        << std::setw(8) << s->min_gpu() << std::setw(10) << to_string(s->pass) << s->summary << cache_note(*s) << "\n";
   out << "GPU: the lowest compute capability a step needs (sm_80: Ampere or newer); any: every CUDA GPU.\n"
          "pass: forward steps compute O (and LSE) from Q, K, V; backward steps dQ, dK, dV from Q, K, V, O, LSE, dO.\n"
-         "A step id selects all its variants (--steps 05); a label selects one (--step 05-pad1).\n";
+         "A step id selects all its variants (--steps 05); a label selects one (--step 05-pad1).\n"
+         "KV cache: the forms a step takes beyond contiguous K/V of one length and a top-left causal mask\n"
+         "(per-sequence lengths, pages, a bottom-right causal mask) follow its summary; the others refuse them.\n";
 }
 
 void refuse_unsupported(const StepInfo& step, const AttentionProblem& p) {
@@ -112,6 +122,7 @@ void refuse_unsupported(const StepInfo& step, const AttentionProblem& p) {
   if (!step.supports_head_dim(p.head_dim))
     throw std::invalid_argument("step " + step.label() + " takes head_dim " + head_dim_list(step) + ", not " +
                                 std::to_string(p.head_dim) + " (" + p.describe() + ")");
+  refuse_cache_forms(("step " + step.label()).c_str(), p, step.cache_forms);
 }
 
 int main_guarded(const char* tool, int (*run)(int, char**), int argc, char** argv) {

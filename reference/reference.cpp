@@ -12,9 +12,6 @@
 namespace fa {
 
 namespace {
-/// Keys query row i sees: all of them, or with the top-left causal mask j <= i.
-int keys_seen(const AttentionProblem& p, int i) { return p.causal ? std::min(i + 1, p.kv_len) : p.kv_len; }
-
 /// Row i of head h of sequence b in a [batch, q_len, q_heads, head_dim] tensor (Q, O, dO, dQ).
 const double* q_row_of(const AttentionProblem& p, const double* t, int b, int i, int h) {
   return t + ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
@@ -35,10 +32,11 @@ double dot(const double* x, const double* y, int n) {
   return sum;
 }
 
-/// The scores scale * q_i·k_j of the keys row (b, i, h) sees, into scores[0:keys_seen]; returns their maximum.
+/// The scores scale * q_i·k_j of the keys row (b, i, h) sees (keys 0 .. p.keys_seen(b, i) - 1: the causal mask
+/// and the sequence's length), into scores[0:keys]; returns their maximum, -inf when the row sees none.
 double row_scores(const AttentionProblem& p, const double* q, const double* k, int b, int i, int h,
                   double* scores) {
-  const int keys = keys_seen(p, i), kv_head = h / p.group_size();
+  const int keys = p.keys_seen(b, i), kv_head = h / p.group_size();
   const double scale = p.softmax_scale();
   const double* q_row = q_row_of(p, q, b, i, h);
   double row_max = -INFINITY;
@@ -82,8 +80,13 @@ double reference_attention_row(const AttentionProblem& p, const double* q, const
                                const double* v, int b, int i, int h, double* out_row, double* lse) {
   const int d = p.head_dim;
   const int kv_head = h / p.group_size();
-  const int keys = keys_seen(p, i);  // top-left causal: j <= i
+  const int keys = p.keys_seen(b, i);  // the mask and the sequence's length
 
+  std::fill(out_row, out_row + d, 0.0);
+  if (keys == 0) {  // a row that sees no key: O = 0, LSE = -inf (the empty sum)
+    if (lse) *lse = -INFINITY;
+    return 0;
+  }
   std::vector<double> scores(keys);
   const double row_max = row_scores(p, q, k, b, i, h, scores.data());
   double max_abs = 0;
@@ -94,7 +97,6 @@ double reference_attention_row(const AttentionProblem& p, const double* q, const
     row_sum += scores[j];
   }
   if (lse) *lse = row_max + std::log(row_sum);  // row_sum >= 1: the maximum's term is exp(0)
-  std::fill(out_row, out_row + d, 0.0);
   for (int j = 0; j < keys; ++j) {
     const double* v_row = kv_row_of(p, v, b, j, kv_head);
     const double weight = scores[j] / row_sum;
@@ -139,11 +141,11 @@ std::vector<double> reference_lse(const AttentionProblem& p, const std::vector<d
     const int i = int(r % p.q_len);
     const int h = int((r / p.q_len) % p.q_heads);
     const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
-    std::vector<double> scores(keys_seen(p, i));
+    std::vector<double> scores(p.keys_seen(b, i));
     const double row_max = row_scores(p, q.data(), k.data(), b, i, h, scores.data());
     double row_sum = 0;
     for (double s : scores) row_sum += std::exp(s - row_max);
-    lse[r] = row_max + std::log(row_sum);
+    lse[r] = scores.empty() ? -INFINITY : row_max + std::log(row_sum);  // no key: the empty sum's log
   });
   return lse;
 }
@@ -170,7 +172,11 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
     const int h = int(r % p.q_heads);
     const int i = int((r / p.q_heads) % p.q_len);
     const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
-    const int keys = keys_seen(p, i), kv_head = h / g;
+    const int keys = p.keys_seen(b, i), kv_head = h / g;
+    if (keys == 0) {  // a row that sees no key: O = 0, so D = 0, and dQ = 0 (already)
+      lse[lse_index(p, b, i, h)] = -INFINITY;
+      return;
+    }
     std::vector<double> probs(keys), o(d, 0.0);
     const double row_max = row_scores(p, q.data(), k.data(), b, i, h, probs.data());
     double row_sum = 0;
@@ -194,7 +200,8 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
   });
 
   // Pass 2, over keys r = (b, j, kv_head) in dK's order: every query row of every head of the group
-  // that sees key j (all rows, or rows i >= j when causal) adds its share; only this item writes row r.
+  // that sees key j (p.keys_seen(b, i) > j: the mask and the sequence's length) adds its share; only this
+  // item writes row r. A key past its sequence's length, or one no row sees, gets 0.
   parallel_for(std::int64_t(p.batch) * p.kv_len * p.kv_heads, [&](int, std::int64_t r) {
     const int kv_head = int(r % p.kv_heads);
     const int j = int((r / p.kv_heads) % p.kv_len);
@@ -204,7 +211,8 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
     double* dk_row = grads.dk.data() + r * d;
     double* dv_row = grads.dv.data() + r * d;
     for (int h = kv_head * g; h < (kv_head + 1) * g; ++h)
-      for (int i = p.causal ? j : 0; i < p.q_len; ++i) {
+      for (int i = 0; i < p.q_len; ++i) {
+        if (p.keys_seen(b, i) <= j) continue;
         const double* q_row = q_row_of(p, q.data(), b, i, h);
         const double* do_row = q_row_of(p, d_o.data(), b, i, h);
         const double P = std::exp(scale * dot(q_row, k_row, d) - lse[lse_index(p, b, i, h)]);

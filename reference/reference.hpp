@@ -2,8 +2,10 @@
 /// @brief Attention (and step 02's matrix trace) on the CPU in double precision: the ground truth.
 ///
 /// O[b,i,h,:] = sum_j softmax_j(scale * Q[b,i,h,:]·K[b,j,h/g,:]) V[b,j,h/g,:],
-/// with g = q_heads / kv_heads and, when causal, only keys j <= i. The softmax
-/// subtracts the row maximum before exponentiating, so no score overflows.
+/// with g = q_heads / kv_heads and, when causal, only keys j <= i (or, bottom-right aligned, j <= len - q_len + i);
+/// with per-sequence lengths only keys j < kv_lens[b] (AttentionProblem::keys_seen). A row that sees no key has
+/// O = 0 and LSE = -inf. K and V are always in the contiguous layout here: for a paged problem, the pages gathered
+/// in each sequence's order. The softmax subtracts the row maximum before exponentiating, so no score overflows.
 /// The row log-sum-exp LSE[b,h,i] = ln sum_j exp(scale * Q[b,i,h,:]·K[b,j,h/g,:]) over the same keys,
 /// and the backward's dQ, dK and dV, are computed here too, also in double.
 #pragma once

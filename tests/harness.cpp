@@ -60,6 +60,30 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // 160 query tiles of 128 rows, more than an H100's 132 SMs: a persistent grid's blocks take several
   // work tiles each, of five K/V tiles of 128 keys, and must start each afresh.
   shape("more query tiles than SMs, GQA 40/8", problem(2, 129, 600, 40, 8, d0));
+  // The KV-cache forms (problem.hpp), run only by the steps that take them (supported_by): one query per sequence
+  // over per-sequence lengths, a paged cache with its pages in a shuffled order, lengths no page or tile divides,
+  // and q_len > 1 new tokens under the bottom-right causal mask, one sequence shorter than them (its first rows
+  // see no key: O = 0, LSE = -inf).
+  auto cache = [&](const char* name, AttentionProblem p, std::vector<int> lens, int page_size, bool speculative) {
+    if (max_len > 0 && (p.q_len > max_len || p.kv_len > max_len)) return;
+    p.kv_lens = std::move(lens);
+    if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size) + 3;  // 3 never used
+    p.causal = speculative;
+    p.causal_align = speculative ? CausalAlign::bottom_right : CausalAlign::top_left;
+    for (DType dtype : dtypes) {
+      p.dtype = dtype;
+      out.push_back({name, p, InputKind::uniform});
+    }
+  };
+  cache("decode: per-sequence lengths, one a single key, GQA 32/8", problem(4, 1, 300, 32, 8, d0), {300, 1, 77, 255},
+        0, false);
+  cache("decode: a paged cache (pages of 64, shuffled), lengths no page divides", problem(3, 1, 256, 8, 2, d0),
+        {256, 65, 1}, 64, false);
+  cache("decode: a paged cache of one page a sequence, MQA", problem(2, 1, 64, 4, 1, d0), {64, 13}, 64, false);
+  cache("speculative: 4 new tokens, bottom-right causal, paged (16), one sequence shorter than them",
+        problem(2, 4, 208, 8, 2, d0), {200, 3}, 16, true);
+  cache("decode: 16411 keys and 9000 in one batch, GQA 8/2", problem(2, 1, 16411, 8, 2, d0), {16411, 9000}, 0,
+        false);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
@@ -119,7 +143,7 @@ std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vect
 std::vector<Case> supported_by(const StepInfo& step, const std::vector<Case>& cases) {
   std::vector<Case> out;
   for (const Case& c : cases)
-    if (step.supports(c.problem.dtype) && step.supports_head_dim(c.problem.head_dim)) out.push_back(c);
+    if (step.supports(c.problem)) out.push_back(c);
   return out;
 }
 
@@ -179,7 +203,7 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
       for (int i = 0; i < p.q_len; ++i)
         for (int h = 0; h < p.q_heads; ++h) {
           const int kvh = h / g;
-          const int keys = p.causal ? std::min(i + 1, p.kv_len) : p.kv_len;
+          const int keys = p.keys_seen(b, i);
           for (int c2 = 0; c2 < d; ++c2) {
             double value = 0;
             if (c.kind == InputKind::dominant_key) {

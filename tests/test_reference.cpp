@@ -317,3 +317,138 @@ TEST_CASE("reference backward: a tensor of the wrong size is named", "[cpu][refe
   CHECK_THROWS_WITH(reference_attention(p, q, kv, std::vector<double>(2)), Contains("reference_attention: v has 2"));
   CHECK_THROWS_AS(reference_attention_backward(p, q, kv, kv, std::vector<double>(5)), std::invalid_argument);
 }
+
+namespace {
+/// Keys 0 .. len - 1 of sequence b of a [batch, kv_len, kv_heads, d] tensor, as a one-sequence tensor.
+std::vector<double> keys_of(const AttentionProblem& p, const std::vector<double>& t, int b, int len) {
+  const std::int64_t row = std::int64_t(p.kv_heads) * p.head_dim;
+  const auto first = t.begin() + std::int64_t(b) * p.kv_len * row;
+  return std::vector<double>(first, first + len * row);
+}
+/// Sequence b of a [batch, q_len, q_heads, d] tensor.
+std::vector<double> rows_of(const AttentionProblem& p, const std::vector<double>& t, int b) {
+  const std::int64_t sequence = std::int64_t(p.q_len) * p.q_heads * p.head_dim;
+  return std::vector<double>(t.begin() + b * sequence, t.begin() + (b + 1) * sequence);
+}
+}  // namespace
+
+TEST_CASE("reference: per-sequence lengths are each sequence alone over its own keys", "[cpu][reference]") {
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    auto p = make(3, 6, 9, 4, 2, 8, causal);
+    p.kv_lens = {9, 4, 1};
+    const auto q = random_doubles(p.q_elements(), 11), k = random_doubles(p.kv_elements(), 12),
+               v = random_doubles(p.kv_elements(), 13), d_o = random_doubles(p.q_elements(), 14);
+    std::vector<double> lse;
+    const auto out = reference_attention(p, q, k, v, nullptr, &lse);
+    const auto grads = reference_attention_backward(p, q, k, v, d_o);
+    for (int b = 0; b < p.batch; ++b) {
+      INFO("sequence " << b << ", " << p.kv_lens[b] << " keys");
+      auto one = make(1, p.q_len, p.kv_lens[b], p.q_heads, p.kv_heads, p.head_dim, causal);
+      std::vector<double> one_lse;
+      const auto qb = rows_of(p, q, b), kb = keys_of(p, k, b, p.kv_lens[b]), vb = keys_of(p, v, b, p.kv_lens[b]);
+      CHECK(rows_of(p, out, b) == reference_attention(one, qb, kb, vb, nullptr, &one_lse));
+      CHECK(std::vector<double>(lse.begin() + b * p.q_heads * p.q_len, lse.begin() + (b + 1) * p.q_heads * p.q_len) ==
+            one_lse);
+      const auto one_grads = reference_attention_backward(one, qb, kb, vb, rows_of(p, d_o, b));
+      CHECK(rows_of(p, grads.dq, b) == one_grads.dq);
+      CHECK(keys_of(p, grads.dk, b, p.kv_lens[b]) == one_grads.dk);
+      CHECK(keys_of(p, grads.dv, b, p.kv_lens[b]) == one_grads.dv);
+      // The cache's rows past the sequence's length get no gradient.
+      const auto past = keys_of(p, grads.dk, b, p.kv_len);
+      CHECK(std::all_of(past.begin() + p.kv_lens[b] * p.kv_heads * p.head_dim, past.end(),
+                        [](double x) { return x == 0; }));
+    }
+  }
+}
+
+TEST_CASE("reference: bottom-right causal rows see keys up to len - q_len + i; rows that see none give O = 0",
+          "[cpu][reference]") {
+  auto p = make(2, 3, 10, 2, 1, 8, true);
+  p.causal_align = CausalAlign::bottom_right;
+  p.kv_lens = {10, 2};  // sequence 1: fewer keys than query rows, so its row 0 sees none
+  const auto q = random_doubles(p.q_elements(), 21), k = random_doubles(p.kv_elements(), 22),
+             v = random_doubles(p.kv_elements(), 23);
+  std::vector<double> lse;
+  const auto out = reference_attention(p, q, k, v, nullptr, &lse);
+  CHECK(p.keys_seen(0, 0) == 8);
+  CHECK(p.keys_seen(0, 2) == 10);
+  CHECK(p.keys_seen(1, 0) == 0);
+  CHECK(p.keys_seen(1, 2) == 2);
+  for (int b = 0; b < p.batch; ++b)
+    for (int i = 0; i < p.q_len; ++i)
+      for (int h = 0; h < p.q_heads; ++h) {
+        INFO("sequence " << b << ", row " << i << ", head " << h);
+        // The row alone: one query over exactly the keys it sees, without a mask.
+        const int keys = p.keys_seen(b, i);
+        const std::int64_t at = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
+        const std::vector<double> got(out.begin() + at, out.begin() + at + p.head_dim);
+        const double got_lse = lse[(std::int64_t(b) * p.q_heads + h) * p.q_len + i];
+        if (keys == 0) {
+          CHECK(std::all_of(got.begin(), got.end(), [](double x) { return x == 0; }));
+          CHECK(got_lse == -INFINITY);
+          continue;
+        }
+        auto one = make(1, 1, keys, 1, 1, p.head_dim, false);
+        one.scale = p.softmax_scale();
+        std::vector<double> qi(q.begin() + at, q.begin() + at + p.head_dim), kk, vv;
+        for (int j = 0; j < keys; ++j) {
+          const std::int64_t row = (std::int64_t(b) * p.kv_len + j) * p.kv_heads * p.head_dim;  // kv head 0
+          kk.insert(kk.end(), k.begin() + row, k.begin() + row + p.head_dim);
+          vv.insert(vv.end(), v.begin() + row, v.begin() + row + p.head_dim);
+        }
+        std::vector<double> one_lse;
+        CHECK(got == reference_attention(one, qi, kk, vv, nullptr, &one_lse));
+        CHECK(got_lse == one_lse[0]);
+      }
+  // With as many keys as query rows, bottom-right is top-left.
+  auto square = make(1, 5, 5, 1, 1, 8, true);
+  const auto qs = random_doubles(square.q_elements(), 31), ks = random_doubles(square.kv_elements(), 32),
+             vs = random_doubles(square.kv_elements(), 33);
+  auto square_br = square;
+  square_br.causal_align = CausalAlign::bottom_right;
+  CHECK(reference_attention(square, qs, ks, vs) == reference_attention(square_br, qs, ks, vs));
+}
+
+TEST_CASE("reference backward: a row that sees no key adds nothing, and gets dQ = 0", "[cpu][reference]") {
+  auto p = make(1, 4, 6, 1, 1, 8, true);
+  p.causal_align = CausalAlign::bottom_right;
+  p.kv_lens = {2};  // rows 0 and 1 see no key; row 2 sees key 0, row 3 keys 0 and 1
+  const auto q = random_doubles(p.q_elements(), 41), k = random_doubles(p.kv_elements(), 42),
+             v = random_doubles(p.kv_elements(), 43), d_o = random_doubles(p.q_elements(), 44);
+  const auto grads = reference_attention_backward(p, q, k, v, d_o);
+  CHECK(std::all_of(grads.dq.begin(), grads.dq.begin() + 2 * p.head_dim, [](double x) { return x == 0; }));
+  CHECK(std::any_of(grads.dq.begin() + 2 * p.head_dim, grads.dq.end(), [](double x) { return x != 0; }));
+  // Keys 2 .. 5 are past the length: no gradient.
+  CHECK(std::all_of(grads.dk.begin() + 2 * p.head_dim, grads.dk.end(), [](double x) { return x == 0; }));
+  CHECK(std::all_of(grads.dv.begin() + 2 * p.head_dim, grads.dv.end(), [](double x) { return x == 0; }));
+}
+
+TEST_CASE("a paged cache: the pool holds each sequence's pages where the shuffled table says", "[cpu][reference]") {
+  auto p = make(3, 1, 256, 2, 2, 8, false);
+  p.page_size = 64, p.pages = 3 * 4 + 3, p.dtype = DType::f16;
+  const std::vector<int> table = shuffled_page_table(p, 7);
+  REQUIRE(table.size() == 12);
+  std::vector<int> sorted = table;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());  // distinct pages
+  CHECK(sorted.back() < p.pages);
+  CHECK(table != std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});   // not in order
+  const HostTensor k = random_tensor(DType::f16, kv_shape(p), 3);
+  const HostTensor pool = to_pages(p, k, table);
+  CHECK(pool.shape == std::vector<std::int64_t>{15, 64, 2, 8});
+  CHECK(from_pages(p, pool, table).bytes == k.bytes);
+  // Key 70 of sequence 1 (its page 1, row 6), element 5 of KV head 1.
+  const int page = table[1 * 4 + 70 / 64];
+  CHECK(pool.get(((std::int64_t(page) * 64 + 6) * 2 + 1) * 8 + 5) ==
+        k.get(((std::int64_t(1) * 256 + 70) * 2 + 1) * 8 + 5));
+  // A page no sequence uses is NaN.
+  int unused = 0;
+  while (std::find(table.begin(), table.end(), unused) != table.end()) ++unused;
+  CHECK(std::isnan(pool.get(std::int64_t(unused) * 64 * 2 * 8)));
+  CHECK_THROWS_WITH(to_pages(p, random_tensor(DType::f32, kv_shape(p), 3), table),
+                    Catch::Matchers::Contains("to_pages: K/V is not"));
+  auto small = p;
+  small.pages = 11;
+  CHECK_THROWS_WITH(shuffled_page_table(small, 7), Catch::Matchers::Contains("cannot hold"));
+}

@@ -98,3 +98,66 @@ TEST_CASE("launchers that need aligned tensors refuse misaligned ones before lau
     }
   }
 }
+
+TEST_CASE("problems with a KV cache's forms are checked, and refused by the steps that do not take them",
+          "[cpu][validation]") {
+  AttentionProblem p;
+  p.batch = 3, p.q_len = 2, p.kv_len = 128, p.q_heads = 4, p.kv_heads = 2, p.head_dim = 64;
+  SECTION("per-sequence lengths: one per sequence, each 0 .. kv_len") {
+    p.kv_lens = {5, 128};
+    CHECK_THROWS_WITH(validate(p), Contains("kv_lens has 2 entries; batch = 3"));
+    p.kv_lens = {5, 129, 0};
+    CHECK_THROWS_WITH(validate(p), Contains("kv_lens[1] = 129 is outside 0 .. kv_len = 128"));
+    p.kv_lens = {5, -1, 0};
+    CHECK_THROWS_WITH(validate(p), Contains("kv_lens[1] = -1"));
+    p.kv_lens = {5, 128, 0};
+    CHECK_NOTHROW(validate(p));
+  }
+  SECTION("a paged cache: kv_len a multiple of the page, a pool of pages") {
+    p.page_size = 48;
+    p.pages = 10;
+    CHECK_THROWS_WITH(validate(p), Contains("kv_len = 128 is not a multiple of page_size = 48"));
+    p.page_size = 64, p.pages = 0;
+    CHECK_THROWS_WITH(validate(p), Contains("pages = 0"));
+    p.page_size = 0, p.pages = 4;
+    CHECK_THROWS_WITH(validate(p), Contains("pages = 4 needs page_size > 0"));
+    p.page_size = -64;
+    CHECK_THROWS_WITH(validate(p), Contains("page_size = -64"));
+    p.page_size = 64, p.pages = 4;
+    CHECK_NOTHROW(validate(p));
+    CHECK(p.pages_per_sequence() == 2);
+  }
+  SECTION("bottom-right alignment needs the causal mask") {
+    p.causal_align = CausalAlign::bottom_right;
+    CHECK_THROWS_WITH(validate(p), Contains("causal_align = bottom-right needs causal = true"));
+    p.causal = true;
+    CHECK_NOTHROW(validate(p));
+  }
+  SECTION("every step and the baseline refuse, by name, each form they do not take, before the GPU") {
+    const AttentionTensors null_tensors{};
+    for (const StepInfo* step : steps_and_baseline()) {
+      INFO("step " << step->label());
+      AttentionProblem good = supported_problem(*step);
+      auto with_lens = good;
+      with_lens.kv_lens.assign(std::size_t(good.batch), good.kv_len - 1);
+      auto paged = good;
+      paged.kv_len = 16, paged.page_size = 8, paged.pages = 4;
+      auto bottom_right = good;
+      bottom_right.causal = true, bottom_right.causal_align = CausalAlign::bottom_right;
+      if (!step->cache_forms.kv_lens) {
+        CHECK_FALSE(step->supports(with_lens));
+        CHECK_THROWS_WITH(step->launch(with_lens, null_tensors, nullptr),
+                          Contains("kv_lens") && Contains("not supported"));
+      }
+      if (!step->cache_forms.paged) {
+        CHECK_FALSE(step->supports(paged));
+        CHECK_THROWS_WITH(step->launch(paged, null_tensors, nullptr), Contains("page_size = 8 is not supported"));
+      }
+      if (!step->cache_forms.bottom_right) {
+        CHECK_FALSE(step->supports(bottom_right));
+        CHECK_THROWS_WITH(step->launch(bottom_right, null_tensors, nullptr),
+                          Contains("causal_align = bottom-right is not supported"));
+      }
+    }
+  }
+}

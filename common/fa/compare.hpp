@@ -15,7 +15,7 @@ namespace fa {
 struct ErrorStats {
   double rel_l2 = 0;            ///< ||out - ref||_2 / ||ref||_2
   double max_abs = 0;           ///< max |out - ref| over finite outputs
-  std::int64_t non_finite = 0;  ///< NaN or Inf outputs (unwritten elements stay NaN)
+  std::int64_t non_finite = 0;  ///< NaN or Inf outputs (unwritten elements stay NaN), or not -inf where the reference is
   std::int64_t count = 0;       ///< elements compared
   /// "rel_l2 = ..., max_abs = ..., non-finite = ...", for failure messages.
   std::string describe() const;

@@ -2,7 +2,10 @@
 /// @brief Host tensors in any dtype, filled at random or from .npy files.
 #include "fa/host_tensor.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <numeric>
+#include <string>
 
 namespace fa {
 
@@ -81,6 +84,59 @@ HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint
     t.set(i, lo + (hi - lo) * unit);
   }
   return t;
+}
+
+std::vector<int> shuffled_page_table(const AttentionProblem& p, std::uint64_t seed) {
+  if (!p.paged()) throw InvalidProblem("shuffled_page_table: " + p.describe() + " is not paged (page_size = 0)");
+  const std::int64_t used = std::int64_t(p.batch) * p.pages_per_sequence();
+  if (p.pages < used)
+    throw InvalidProblem("shuffled_page_table: pages = " + std::to_string(p.pages) + " cannot hold batch * kv_len / " +
+                         "page_size = " + std::to_string(used) + " distinct pages");
+  // A Fisher-Yates shuffle of the pool's page numbers (splitmix64, the same order everywhere); the first
+  // `used` of them are the sequences' pages, in order.
+  std::vector<int> order(std::size_t(p.pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::uint64_t state = seed;
+  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[splitmix64(state) % i]);
+  order.resize(std::size_t(used));
+  return order;
+}
+
+namespace {
+/// Copies key rows between a contiguous K/V tensor and a page pool, one page-table entry at a time.
+void copy_pages(const AttentionProblem& p, const std::vector<int>& table, const HostTensor& from, HostTensor& to,
+                bool into_pool) {
+  if (std::int64_t(table.size()) != std::int64_t(p.batch) * p.pages_per_sequence())
+    throw InvalidProblem("page table has " + std::to_string(table.size()) + " entries; " + p.describe() +
+                         " needs batch * kv_len / page_size");
+  const std::size_t page_bytes = std::size_t(p.page_size) * p.kv_heads * p.head_dim * size_of(p.dtype);
+  for (std::size_t n = 0; n < table.size(); ++n) {  // logical page n: sequence n / pages_per_sequence
+    if (table[n] < 0 || table[n] >= p.pages)
+      throw InvalidProblem("page table entry " + std::to_string(n) + " = " + std::to_string(table[n]) +
+                           " is outside the pool's pages 0 .. " + std::to_string(p.pages - 1));
+    const std::size_t logical = n * page_bytes, physical = std::size_t(table[n]) * page_bytes;
+    if (into_pool) std::memcpy(to.bytes.data() + physical, from.bytes.data() + logical, page_bytes);
+    else std::memcpy(to.bytes.data() + logical, from.bytes.data() + physical, page_bytes);
+  }
+}
+}  // namespace
+
+HostTensor to_pages(const AttentionProblem& p, const HostTensor& kv, const std::vector<int>& table) {
+  if (kv.dtype != p.dtype || kv.shape != kv_shape(p))
+    throw InvalidProblem("to_pages: K/V is not [batch, kv_len, kv_heads, head_dim] in the dtype of " + p.describe());
+  HostTensor pool(p.dtype, {p.pages, p.page_size, p.kv_heads, p.head_dim});
+  for (std::int64_t i = 0; i < pool.numel(); ++i) pool.set(i, NAN);
+  copy_pages(p, table, kv, pool, true);
+  return pool;
+}
+
+HostTensor from_pages(const AttentionProblem& p, const HostTensor& pool, const std::vector<int>& table) {
+  if (pool.dtype != p.dtype || pool.shape != std::vector<std::int64_t>{p.pages, p.page_size, p.kv_heads, p.head_dim})
+    throw InvalidProblem("from_pages: the pool is not [pages, page_size, kv_heads, head_dim] in the dtype of " +
+                         p.describe());
+  HostTensor kv(p.dtype, kv_shape(p));
+  copy_pages(p, table, pool, kv, false);
+  return kv;
 }
 
 AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed, double q_range) {

@@ -67,6 +67,19 @@ struct Gradients {
   HostTensor dv;  ///< [batch, kv_len, kv_heads, head_dim]
 };
 
+/// A page table for a paged problem: int32 [batch, kv_len / page_size], every sequence's pages distinct pages of
+/// the pool, in an order shuffled by `seed` (so that no kernel can get away with sequence b's pages being
+/// consecutive). Throws InvalidProblem unless p is paged and its pool holds batch * kv_len / page_size pages.
+std::vector<int> shuffled_page_table(const AttentionProblem& p, std::uint64_t seed);
+
+/// K or V ([batch, kv_len, kv_heads, head_dim], contiguous) stored as p's page pool, [pages, page_size,
+/// kv_heads, head_dim]: key j of sequence b in page table[b * kv_len / page_size + j / page_size], row
+/// j % page_size. The pool's pages no sequence uses are NaN, so that reading one shows.
+HostTensor to_pages(const AttentionProblem& p, const HostTensor& kv, const std::vector<int>& table);
+
+/// The inverse of to_pages: each sequence's pages gathered back into [batch, kv_len, kv_heads, head_dim].
+HostTensor from_pages(const AttentionProblem& p, const HostTensor& pool, const std::vector<int>& table);
+
 /// Q uniform in [-q_range, q_range), K and V uniform in [-1, 1), all from one
 /// seed. A larger q_range spreads the scores (logits) wider: with d = 64 and the
 /// default scale their standard deviation is about q_range / 3.

@@ -127,6 +127,15 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
                          ": needs a workspace of the size its registry entry's workspace_bytes() gives; got none");
 }
 
+void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t) {
+  if (!p.kv_lens.empty() && !t.kv_lens)
+    throw InvalidProblem(std::string(step) + ": tensor kv_lens is missing (a null pointer); per-sequence lengths " +
+                         "need their device copy, int32 [batch]");
+  if (p.paged() && !t.page_table)
+    throw InvalidProblem(std::string(step) + ": tensor page_table is missing (a null pointer); a paged cache " +
+                         "needs it, int32 [batch, kv_len / page_size]");
+}
+
 LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch, bool specific)
     : step(step_name), problem(p), min_arch(arch), arch_specific(specific), previous_(g_scope) {
   g_scope = this;

@@ -197,6 +197,9 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
   static constexpr int pointer_alignment = 0;   ///< bytes Q, K, V, O must be aligned to; 0: any
   static constexpr bool needs_workspace = false;  ///< the launcher needs the registry's workspace
   static constexpr Pass pass = Pass::forward;     ///< the half of attention it computes
+  /// The KV-cache forms it takes (problem.hpp): none unless a step says, e.g.
+  /// `static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};`
+  static constexpr CacheForms cache_forms{};
   /// Built for an architecture-specific target (sm_90a: wgmma, setmaxnreg), whose code runs on exactly
   /// min_arch and on no later GPU.
   static constexpr bool arch_specific = false;
@@ -206,7 +209,8 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
 /// What the registry lists for a step's launch function `launch` with support S.
 template <class S, class... T, int... D>
 Launcher launcher_of(LaunchFn launch, WorkspaceFn workspace, DTypes<T...>, HeadDims<D...>) {
-  return {launch, {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific, S::pass};
+  return {launch,    {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific,
+          S::pass,   S::cache_forms};
 }
 /// What the registry lists for `launch`, read off the step's Support (and its workspace size, if any).
 template <class S>
@@ -254,7 +258,9 @@ void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* 
 #endif
   validate(p);
   if (!lists(p, typename S::dtype_list{}, typename S::head_dim_list{})) refuse_unsupported(step, p, launcher<S>(nullptr));
+  refuse_cache_forms(step, p, S::cache_forms);
   check_tensors(step, t, S::pointer_alignment, S::needs_workspace, S::pass);
+  check_cache_tensors(step, p, t);
   const LaunchScope scope(step, p, S::min_arch, S::arch_specific);
   dispatch_all(p, body, typename S::dtype_list{}, typename S::head_dim_list{});
 }

@@ -20,6 +20,9 @@ namespace fa::kit {
 /// when `needs_workspace`, t.workspace is set. LSE is optional in the forward, required in the backward.
 void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace,
                    Pass pass = Pass::forward);
+/// Throws InvalidProblem unless the device copies the KV-cache forms p uses are set: t.kv_lens with
+/// per-sequence lengths, t.page_table with a paged cache.
+void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t);
 
 /// While dispatch() runs a step's body, the step and problem that kit::launch reports in its messages,
 /// and the compute capability it checks. One per thread; dispatch sets and restores it.

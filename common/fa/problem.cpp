@@ -2,6 +2,7 @@
 /// @brief The attention problem: its validation, and the messages that name what is wrong.
 #include "fa/problem.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -24,8 +25,25 @@ std::int64_t AttentionProblem::lse_elements() const { return std::int64_t{batch}
 
 const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : "forward"; }
 
+const char* to_string(CausalAlign align) { return align == CausalAlign::bottom_right ? "bottom-right" : "top-left"; }
+
+int AttentionProblem::keys_seen(int b, int i) const {
+  const int len = kv_len_of(b);
+  if (!causal) return len;
+  const int last = causal_align == CausalAlign::bottom_right ? len - q_len + i : i;  // the last key row i sees
+  return std::clamp(last + 1, 0, len);
+}
+
+double AttentionProblem::kv_bytes() const {
+  double keys = 0;
+  for (int b = 0; b < batch; ++b) keys += kv_len_of(b);
+  return 2.0 * keys * kv_heads * head_dim * double(size_of(dtype));
+}
+
 double AttentionProblem::flops() const {
-  const double full = 4.0 * batch * q_heads * double(q_len) * double(kv_len) * head_dim;
+  double keys = 0;  // keys over the batch: batch * kv_len, or the sum of the sequences' lengths
+  for (int b = 0; b < batch; ++b) keys += kv_len_of(b);
+  const double full = 4.0 * q_heads * double(q_len) * keys * head_dim;
   return causal ? full / 2 : full;
 }
 
@@ -33,6 +51,12 @@ std::string AttentionProblem::describe() const {
   std::ostringstream out;
   out << "B=" << batch << " Nq=" << q_len << " Nkv=" << kv_len << " H=" << q_heads << "/"
       << kv_heads << " d=" << head_dim << " " << to_string(dtype) << (causal ? " causal" : "");
+  if (causal && causal_align == CausalAlign::bottom_right) out << " (bottom-right)";
+  if (!kv_lens.empty()) {
+    const auto [shortest, longest] = std::minmax_element(kv_lens.begin(), kv_lens.end());
+    out << " kv_lens=" << *shortest << ".." << *longest;
+  }
+  if (paged()) out << " pages of " << page_size << " (" << pages << ")";
   if (scale) out << " scale=" << *scale;
   return out.str();
 }
@@ -56,6 +80,32 @@ void validate(const AttentionProblem& p) {
   if (p.q_heads % p.kv_heads != 0)
     throw InvalidProblem("attention problem: q_heads = " + std::to_string(p.q_heads) +
                          " is not a multiple of kv_heads = " + std::to_string(p.kv_heads));
+  if (p.causal_align == CausalAlign::bottom_right && !p.causal)
+    throw InvalidProblem("attention problem: causal_align = bottom-right needs causal = true (it says where the "
+                         "causal mask's diagonal sits)");
+  if (!p.kv_lens.empty()) {
+    if (p.kv_lens.size() != std::size_t(p.batch))
+      throw InvalidProblem("attention problem: kv_lens has " + std::to_string(p.kv_lens.size()) +
+                           " entries; batch = " + std::to_string(p.batch) + " needs one per sequence");
+    for (std::size_t b = 0; b < p.kv_lens.size(); ++b)
+      if (p.kv_lens[b] < 0 || p.kv_lens[b] > p.kv_len)
+        throw InvalidProblem("attention problem: kv_lens[" + std::to_string(b) + "] = " +
+                             std::to_string(p.kv_lens[b]) + " is outside 0 .. kv_len = " + std::to_string(p.kv_len) +
+                             " (kv_len is the cache's capacity per sequence)");
+  }
+  if (p.page_size < 0)
+    throw InvalidProblem("attention problem: page_size = " + std::to_string(p.page_size) +
+                         " must be >= 0 (0: contiguous K and V)");
+  if (p.page_size == 0 && p.pages != 0)
+    throw InvalidProblem("attention problem: pages = " + std::to_string(p.pages) +
+                         " needs page_size > 0 (a paged cache); contiguous K and V have pages = 0");
+  if (p.page_size > 0) {
+    if (p.kv_len % p.page_size != 0)
+      throw InvalidProblem("attention problem: kv_len = " + std::to_string(p.kv_len) +
+                           " is not a multiple of page_size = " + std::to_string(p.page_size) +
+                           " (a paged cache holds kv_len / page_size whole pages per sequence)");
+    require_positive("pages", p.pages);
+  }
   if (p.scale && !std::isfinite(*p.scale))
     throw InvalidProblem("attention problem: scale = " + std::to_string(*p.scale) +
                          " must be finite");
@@ -73,6 +123,23 @@ void validate(const AttentionProblem& p) {
     throw InvalidProblem("attention problem: one sequence of K/V has kv_len * kv_heads * head_dim = " +
                          std::to_string(kv_sequence) + " elements; at most 2^31-1 are supported " +
                          "(steps index within a sequence with 32-bit offsets; the batch may be any size)");
+}
+
+bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes) {
+  return (p.kv_lens.empty() || takes.kv_lens) && (!p.paged() || takes.paged) &&
+         (!(p.causal && p.causal_align == CausalAlign::bottom_right) || takes.bottom_right);
+}
+
+void refuse_cache_forms(const char* step, const AttentionProblem& p, const CacheForms& takes) {
+  const std::string others = " (fa-bench --list shows the steps that take a KV cache's forms)";
+  if (!p.kv_lens.empty() && !takes.kv_lens)
+    throw_unsupported(step, "kv_lens", std::to_string(p.kv_lens.size()) + " per-sequence lengths",
+                      "one kv_len for every sequence" + others);
+  if (p.paged() && !takes.paged)
+    throw_unsupported(step, "page_size", std::to_string(p.page_size),
+                      "0 (K and V contiguous, [batch, kv_len, kv_heads, head_dim])" + others);
+  if (p.causal && p.causal_align == CausalAlign::bottom_right && !takes.bottom_right)
+    throw_unsupported(step, "causal_align", to_string(p.causal_align), "top-left" + others);
 }
 
 void throw_unsupported(const char* step, const char* field, const std::string& value,

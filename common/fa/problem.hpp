@@ -8,6 +8,16 @@
 /// h / (q_heads / kv_heads) (grouped-query attention; kv_heads == 1 is MQA).
 /// Causal masking is top-left aligned like PyTorch's `is_causal`: query row i
 /// sees keys j <= i, so every row sees at least key 0.
+///
+/// The KV-cache forms (the inference steps; a step that does not take one refuses it by name):
+/// - per-sequence lengths (`kv_lens`): sequence b has kv_lens[b] valid keys, 0 .. kv_len; K and V keep
+///   their kv_len rows (the cache's capacity) and the rows past a sequence's length are never read;
+/// - a paged cache (`page_size` > 0): K and V are pools [pages, page_size, kv_heads, head_dim], and
+///   sequence b's key j lives in page page_table[b][j / page_size], row j % page_size (as vLLM's and
+///   FlashInfer's caches, and FlashAttention's `block_table`);
+/// - bottom-right causal alignment (`causal_align`): query row i of q_len new tokens sees keys
+///   j <= len - q_len + i, len its sequence's length, so the last row sees every key (decoding q_len
+///   tokens at once, as in speculative decoding). A row that sees no key has O = 0 and LSE = -inf.
 #pragma once
 
 #include "fa/dtype.hpp"
@@ -16,6 +26,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fa {
 
@@ -35,6 +46,15 @@ enum class Pass {
 /// "forward" or "backward", as fa-bench's CSV writes it.
 const char* to_string(Pass pass);
 
+/// Where the causal mask's diagonal sits.
+enum class CausalAlign {
+  top_left,      ///< query row i sees keys j <= i (PyTorch's is_causal): every step takes it
+  bottom_right,  ///< query row i sees keys j <= len - q_len + i: the last row sees all len keys of its sequence
+};
+
+/// "top-left" or "bottom-right".
+const char* to_string(CausalAlign align);
+
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
   int batch = 1;               ///< B: independent sequences
@@ -43,10 +63,20 @@ struct AttentionProblem {
   int q_heads = 1;             ///< query heads, a multiple of kv_heads
   int kv_heads = 1;            ///< KV heads: kv_heads < q_heads is GQA, 1 is MQA
   int head_dim = 64;           ///< d: elements per head
-  bool causal = false;         ///< top-left causal mask: query i sees keys j <= i
+  bool causal = false;         ///< causal mask, aligned as causal_align says
   DType dtype = DType::f32;    ///< element type of Q, K, V and O
   /// Softmax scale; unset means 1/sqrt(head_dim).
   std::optional<float> scale;
+  /// With causal: where the diagonal sits (top-left unless a step takes bottom-right; refused without causal).
+  CausalAlign causal_align = CausalAlign::top_left;
+  /// Per-sequence K/V lengths, each 0 .. kv_len (empty: every sequence has kv_len keys). The host's copy,
+  /// which validation and the reference read; kernels read the device copy, AttentionTensors::kv_lens.
+  std::vector<int> kv_lens;
+  /// 0: K and V contiguous, [batch, kv_len, kv_heads, head_dim]. > 0: a paged cache, K and V pools of
+  /// `pages` pages [pages, page_size, kv_heads, head_dim], addressed through AttentionTensors::page_table;
+  /// kv_len, a multiple of page_size, is then each sequence's capacity, kv_len / page_size pages.
+  int page_size = 0;
+  int pages = 0;  ///< pages in the K and V pools (paged only)
 
   /// The scale actually applied to Q·Kᵀ.
   float softmax_scale() const;
@@ -61,6 +91,15 @@ struct AttentionProblem {
   /// forward's size where the forward has two: S and dP, dV, dK, dQ), as FlashAttention's benchmarks count.
   double flops(Pass pass) const { return pass == Pass::backward ? 2.5 * flops() : flops(); }
   std::int64_t lse_elements() const;  ///< elements of LSE: batch * q_heads * q_len
+  /// Keys of sequence b: kv_lens[b], or kv_len when kv_lens is empty.
+  int kv_len_of(int b) const { return kv_lens.empty() ? kv_len : kv_lens[std::size_t(b)]; }
+  /// How many keys query row i of sequence b sees, 0 .. kv_len_of(b): keys 0 .. keys_seen - 1.
+  int keys_seen(int b, int i) const;
+  bool paged() const { return page_size > 0; }  ///< K and V are page pools
+  int pages_per_sequence() const { return paged() ? kv_len / page_size : 0; }  ///< page_table's columns
+  /// Bytes of K and V that attention must read once: the keys every sequence holds, times 2 (K and V),
+  /// kv_heads, head_dim and the element size (the decode steps' effective bandwidth counts these).
+  double kv_bytes() const;
   /// "B=4 Nq=1024 Nkv=1024 H=8/8 d=64 f32 causal", for messages and tables.
   std::string describe() const;
 };
@@ -70,6 +109,21 @@ struct AttentionProblem {
 /// and a finite scale, one sequence of Q and of K/V must hold fewer than 2^31 elements: kernels add a
 /// 64-bit offset per (batch, head) and index inside a sequence in 32 bits.
 void validate(const AttentionProblem& problem);
+
+/// The KV-cache forms a step takes (its Support says which; the registry lists them). A step refuses the
+/// others by name before launch.
+struct CacheForms {
+  bool kv_lens = false;       ///< per-sequence K/V lengths
+  bool paged = false;         ///< a paged K/V cache
+  bool bottom_right = false;  ///< bottom-right causal alignment
+};
+
+/// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none).
+bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes);
+
+/// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>") for the first
+/// KV-cache form p uses that `takes` lacks; returns when it uses none.
+void refuse_cache_forms(const char* step, const AttentionProblem& p, const CacheForms& takes);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>").
 [[noreturn]] void throw_unsupported(const char* step, const char* field, const std::string& value,
@@ -86,8 +140,8 @@ void validate(const AttentionProblem& problem);
 /// running max or sum. A forward step writes it when lse is set; the backward reads it.
 struct AttentionTensors {
   const void* q = nullptr;     ///< Q, [batch, q_len, q_heads, head_dim]
-  const void* k = nullptr;     ///< K, [batch, kv_len, kv_heads, head_dim]
-  const void* v = nullptr;     ///< V, [batch, kv_len, kv_heads, head_dim]
+  const void* k = nullptr;     ///< K, [batch, kv_len, kv_heads, head_dim] (paged: [pages, page_size, kv_heads, head_dim])
+  const void* v = nullptr;     ///< V, [batch, kv_len, kv_heads, head_dim] (paged: [pages, page_size, kv_heads, head_dim], as K)
   void* o = nullptr;           ///< O, [batch, q_len, q_heads, head_dim]: the forward writes it, the backward reads it
   void* workspace = nullptr;   ///< scratch of StepInfo::workspace_for bytes, or nullptr
   float* lse = nullptr;        ///< LSE, fp32 [batch, q_heads, q_len]: forward output when set, backward input
@@ -95,6 +149,8 @@ struct AttentionTensors {
   void* dq = nullptr;          ///< dQ, shaped like Q: written by a backward step
   void* dk = nullptr;          ///< dK, shaped like K: written by a backward step (summed over a KV head's group)
   void* dv = nullptr;          ///< dV, shaped like V: written by a backward step (summed over a KV head's group)
+  const int* kv_lens = nullptr;     ///< int32 [batch]: the device copy of AttentionProblem::kv_lens, when set
+  const int* page_table = nullptr;  ///< int32 [batch, kv_len / page_size]: each sequence's pages, when paged
 };
 
 }  // namespace fa

@@ -221,6 +221,7 @@ StepInfo::StepInfo(std::string id_, std::string variant_, std::string name_, std
       pointer_alignment(launcher.pointer_alignment),
       workspace_bytes(launcher.workspace_bytes),
       pass(launcher.pass),
+      cache_forms(launcher.cache_forms),
       high_precision_accumulation(high_precision),
       reports_resources(resources_reported) {}
 
@@ -294,8 +295,22 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
   check(inputs.k, "K", kv_shape(p), p.dtype);
   check(inputs.v, "V", kv_shape(p), p.dtype);
   q.upload(inputs.q.bytes.data(), inputs.q.byte_size());
-  k.upload(inputs.k.bytes.data(), inputs.k.byte_size());
-  v.upload(inputs.v.bytes.data(), inputs.v.byte_size());
+  if (p.paged()) {
+    const std::vector<int> table = shuffled_page_table(p, kPageSeed);
+    const HostTensor k_pool = to_pages(p, inputs.k, table), v_pool = to_pages(p, inputs.v, table);
+    k = DeviceBuffer(k_pool.byte_size()), v = DeviceBuffer(v_pool.byte_size());
+    k.upload(k_pool.bytes.data(), k_pool.byte_size());
+    v.upload(v_pool.bytes.data(), v_pool.byte_size());
+    page_table = DeviceBuffer(table.size() * sizeof(int));
+    page_table.upload(table.data(), table.size() * sizeof(int));
+  } else {
+    k.upload(inputs.k.bytes.data(), inputs.k.byte_size());
+    v.upload(inputs.v.bytes.data(), inputs.v.byte_size());
+  }
+  if (!p.kv_lens.empty()) {
+    kv_lens = DeviceBuffer(p.kv_lens.size() * sizeof(int));
+    kv_lens.upload(p.kv_lens.data(), p.kv_lens.size() * sizeof(int));
+  }
   if (backward) {
     check(backward->o, "O", q_shape(p), p.dtype);
     check(backward->lse, "LSE", lse_shape(p), DType::f32);
@@ -322,6 +337,8 @@ void DeviceAttention::poison_outputs() {
 AttentionTensors DeviceAttention::tensors() const {
   AttentionTensors t{q.get(), k.get(), v.get(), o.get(), workspace.get()};
   t.lse = static_cast<float*>(lse.get());
+  t.kv_lens = static_cast<const int*>(kv_lens.get());
+  t.page_table = static_cast<const int*>(page_table.get());
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
   return t;
 }

@@ -35,6 +35,7 @@ struct Launcher {
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   bool arch_specific = false;   ///< built for sm_<min_arch>a: runs on exactly min_arch
   Pass pass = Pass::forward;    ///< the half of attention it computes
+  CacheForms cache_forms;       ///< the KV-cache forms it takes (none: contiguous K/V, one length, top-left)
 };
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
@@ -56,6 +57,7 @@ struct StepInfo {
   int pointer_alignment = 0;   ///< bytes Q, K, V and O must be aligned to (0: any)
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   Pass pass = Pass::forward;   ///< forward (O and LSE) or backward (dQ, dK, dV)
+  CacheForms cache_forms;      ///< the KV-cache forms it takes: per-sequence lengths, pages, bottom-right causal
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
@@ -66,6 +68,10 @@ struct StepInfo {
   bool supports(DType dtype) const;
   /// Whether `head_dim` is in head_dims.
   bool supports_head_dim(int head_dim) const;
+  /// Whether it takes p's dtype, head_dim and KV-cache forms (not whether this GPU runs it: runs_on).
+  bool supports(const AttentionProblem& p) const {
+    return supports(p.dtype) && supports_head_dim(p.head_dim) && takes_cache_forms(p, cache_forms);
+  }
   /// "01", "05-pad4", "cublas".
   std::string label() const;
   /// "sm_80" (or newer), "sm_90a" (exactly sm_90), or "any" when the step runs on every CUDA GPU.
@@ -92,6 +98,7 @@ std::vector<const StepInfo*> select_steps(const std::string& spec);
 /// writes them) and the workspace. A forward call gets Q, K, V, O and LSE; a backward call also O, LSE
 /// and dO as inputs and dQ, dK, dV as outputs.
 struct DeviceAttention {
+  static constexpr std::uint64_t kPageSeed = 20261127;  ///< the page order of every paged upload
   DeviceBuffer q;          ///< Q on the device
   DeviceBuffer k;          ///< K on the device
   DeviceBuffer v;          ///< V on the device
@@ -102,8 +109,12 @@ struct DeviceAttention {
   DeviceBuffer dq;         ///< dQ (backward only), poisoned
   DeviceBuffer dk;         ///< dK (backward only), poisoned
   DeviceBuffer dv;         ///< dV (backward only), poisoned
+  DeviceBuffer kv_lens;    ///< the problem's per-sequence lengths, int32 [batch] (when it has them)
+  DeviceBuffer page_table; ///< a paged problem's page table, int32 [batch, kv_len / page_size]
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
-  /// poisoned with NaN and `workspace_bytes` of workspace.
+  /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
+  /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
+  /// other pages NaN; per-sequence lengths are uploaded too.
   DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes,
                   const BackwardInputs* backward = nullptr);
   /// Poisons every output of the pass with NaN (O and LSE, or dQ, dK and dV).

@@ -112,8 +112,9 @@ int main(int argc, char** argv) {
     for (std::size_t l = 0; l < ex.launchers.size(); ++l) {
       const auto& [export_name, launcher] = ex.launchers[l];
       const StepInfo step{"exercise", ex.id, ex.name, export_name, launcher};
-      const std::vector<test::Case> cases =
-          test::graded_cases(launcher.dtypes, launcher.head_dims, options.max_len, launcher.pass);
+      // The cases of its dtypes and head_dims that use only the KV-cache forms it takes.
+      const std::vector<test::Case> cases = test::supported_by(
+          step, test::graded_cases(launcher.dtypes, launcher.head_dims, options.max_len, launcher.pass));
       if (l == 0) signature_cases = cases;
       std::printf("== %s (%s)\n", export_name.c_str(), ex.name.c_str());
       for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -167,9 +168,7 @@ int main(int argc, char** argv) {
         std::set<std::size_t> mutant_failing;
         std::size_t compared = 0;
         for (std::size_t i = 0; i < signature_cases.size(); ++i) {
-          if (!step.supports(signature_cases[i].problem.dtype) ||
-              !step.supports_head_dim(signature_cases[i].problem.head_dim))
-            continue;
+          if (!step.supports(signature_cases[i].problem)) continue;
           ++compared;
           const Verdict v = test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0));
           if (!v.passed()) mutant_failing.insert(failure_key(i, v));
@@ -217,7 +216,7 @@ int main(int argc, char** argv) {
         std::printf("\nbench, %s, median of 21 launches:\n  %-14s %9.4f ms\n", p.describe().c_str(), "exercise",
                     exercise_ms);
         for (const StepInfo* reference : references) {
-          if (!reference->supports(p.dtype) || !reference->supports_head_dim(p.head_dim)) continue;
+          if (!reference->supports(p)) continue;
           const double ms = median_ms(*reference, p, in, &backward);
           std::printf("  step %-9s %9.4f ms  (the exercise takes %.2fx its time)\n", reference->label().c_str(), ms,
                       exercise_ms / ms);

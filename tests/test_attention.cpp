@@ -66,8 +66,7 @@ std::vector<Planned> planned(Make make, Pass pass = Pass::forward) {
 void check_case(const test::Case& c, bool only_without_64 = false, Pass pass = Pass::forward) {
   std::vector<const StepInfo*> steps;
   for (const StepInfo* s : under_test(pass))
-    if (s->supports(c.problem.dtype) && s->supports_head_dim(c.problem.head_dim) && test::runs_here(*s) &&
-        !(only_without_64 && s->supports_head_dim(64)))
+    if (s->supports(c.problem) && test::runs_here(*s) && !(only_without_64 && s->supports_head_dim(64)))
       steps.push_back(s);
   if (steps.empty()) return;  // no step under test takes this dtype/head_dim
   const test::Prepared prepared = test::prepare(c, fresh_seed(), pass);

@@ -75,7 +75,7 @@ TEST_CASE("a problem of more than 2^31 elements in total runs on every step", "[
   }
 
   for (const StepInfo* step : test::steps_under_test(Pass::forward)) {
-    if (!step->supports(p.dtype) || !step->supports_head_dim(p.head_dim) || !test::runs_here(*step)) continue;
+    if (!step->supports(p) || !test::runs_here(*step)) continue;
     INFO("step " << step->label());
     DeviceBuffer workspace(step->workspace_for(p));
     o.poison();

@@ -43,7 +43,7 @@ namespace {
 using namespace fa;
 
 const char* kHelp = R"(usage: fa-bench [options]
-  --suite teaching|headline|sweep|all|backward|accuracy|accuracy-wide|trace
+  --suite teaching|headline|sweep|all|backward|decode|accuracy|accuracy-wide|trace
                                         shapes to time (default teaching)
                                         teaching: B=4 H=8 N=1024 d=64, for forward and backward steps;
                                         headline: B=4 H=16 N=4096 d=64; sweep: B=1 H=16 d=64,
@@ -51,6 +51,11 @@ const char* kHelp = R"(usage: fa-bench [options]
                                         backward: backward steps only (not part of "all"): the teaching
                                         shape in f32 and f16 (the CUDA-core steps 26, 27), then in f16
                                         and bf16 B=4 H=16 N=4096 d=64 and d=128, B=1 H=16 N=16384 d=128
+                                        decode: forward steps, one query per sequence over a KV cache,
+                                        f16 and bf16, no mask: B=8 Nkv=8192, B=1 Nkv=131072 and B=64
+                                        Nkv=2048 with heads 32/8 at d=128; B=8 Nkv=8192 heads 16/16 d=64
+                                        (not part of "all"); rows say pass "decode" and give GB/s, the
+                                        bytes of K and V read once over the time (CSV column gbps)
                                         accuracy: B=1 H=4 d=64, N = 1024 ... 32768, inputs in [-1, 1)
                                         accuracy-wide: the same with Q in [-30, 30): logits of standard
                                         deviation 10, a wide dynamic range for the softmax sums
@@ -88,6 +93,9 @@ struct Shape {
   bool forward = true;   ///< forward steps (and the cuBLAS baseline) are timed on it
   bool backward = false; ///< backward steps are timed on it
   std::vector<DType> only_dtypes = {};  ///< the dtypes it is timed in; empty: every dtype of --dtypes
+  /// Decode: one new query per sequence over a KV cache, timed without the mask; its rows say pass "decode"
+  /// and give the effective K/V bandwidth (gbps: the bytes of K and V, read once, over the time).
+  bool decode = false;
 
   /// Whether steps of `pass` are timed on this shape.
   bool has(Pass pass) const { return pass == Pass::backward ? backward : forward; }
@@ -107,6 +115,14 @@ std::vector<Shape> suite_shapes(const std::string& suite) {
     for (int n = 256; n <= 16384; n *= 2) shapes.push_back({"sweep", 1, n, n, 16, 16, 64});
   // The backward's shapes: the teaching shape for the CUDA-core steps (f32 and f16), first, so that
   // their times there predict (--max-ms) their times on the tensor-core shapes that follow.
+  // Decode: issue 32's four shapes, one query per sequence against a KV cache of 2,048 to 131,072 keys.
+  if (suite == "decode") {
+    const std::vector<DType> tensor_cores = {DType::f16, DType::bf16};
+    for (const auto& [batch, kv_len, q_heads, kv_heads, head_dim] :
+         std::vector<std::array<int, 5>>{{8, 8192, 32, 8, 128}, {1, 131072, 32, 8, 128}, {64, 2048, 32, 8, 128},
+                                         {8, 8192, 16, 16, 64}})
+      shapes.push_back({"decode", batch, 1, kv_len, q_heads, kv_heads, head_dim, 1.0, true, false, tensor_cores, true});
+  }
   if (suite == "backward") {
     const std::vector<DType> cuda_cores = {DType::f32, DType::f16}, tensor_cores = {DType::f16, DType::bf16};
     shapes.push_back({"teaching", 4, 1024, 1024, 8, 8, 64, 1.0, false, true, cuda_cores});
@@ -132,6 +148,10 @@ struct Row {
   std::size_t extra_bytes;
   int reps;
   double speedup_prev = NAN, speedup_01 = NAN, vs_cublas = NAN;
+  bool decode = false;  ///< a decode shape's row: pass "decode", and gbps
+  double gbps = NAN;    ///< decode: bytes of K and V read once (AttentionProblem::kv_bytes) / time, in GB/s
+  /// "forward", "backward" or "decode": the CSV's pass column.
+  const char* pass() const { return decode ? "decode" : to_string(step->pass); }
 };
 
 // Device copies of the inputs and outputs, enough of them to leave the L2 cache: Q, K, V and the
@@ -340,17 +360,20 @@ void print_header() {
   std::printf("%-9s %-8s %-4s %-4s %2s %6s %6s %3s %3s %4s %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n", "step",
               "suite", "pass", "type", "B", "Nq", "Nkv", "Hq", "Hkv", "d", "causal", "ms", "TFLOPS", "x prev", "x 01",
               "x cuBLAS", "extra MiB", "rel_err", "max_err");
+  // Decode rows end with their K/V bandwidth: "  2706.1 GB/s".
 }
 
 void print_row(const Row& r) {
   const auto& p = r.problem;
-  std::printf("%-9s %-8s %-4s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s %8s\n",
-              r.step->label().c_str(), r.suite.c_str(), r.step->pass == Pass::backward ? "bwd" : "fwd",
+  std::printf("%-9s %-8s %-4s %-4s %2d %6d %6d %3d %3d %4d %-6s %11s %8s %7s %8s %8s %9s %8s %8s",
+              r.step->label().c_str(), r.suite.c_str(), r.decode ? "dec" : r.step->pass == Pass::backward ? "bwd" : "fwd",
               to_string(p.dtype), p.batch, p.q_len, p.kv_len,
               p.q_heads, p.kv_heads, p.head_dim, p.causal ? "yes" : "no", fmt(r.ms, 4).c_str(),
               fmt(r.tflops, 3).c_str(), fmt(r.speedup_prev, 2).c_str(), fmt(r.speedup_01, 1).c_str(),
               fmt(r.vs_cublas, 3).c_str(), fmt(r.extra_bytes / 1048576.0, 1).c_str(), fmt_sci(r.rel_err).c_str(),
               fmt_sci(r.max_err).c_str());
+  if (r.decode) std::printf(" %8.1f GB/s", r.gbps);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -358,7 +381,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
   std::ofstream csv(path);
   if (!csv) throw std::runtime_error("cannot write " + path);
   csv << "step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
-         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass\n";
+         "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass,gbps\n";
   csv.precision(6);
   for (const auto& r : rows) {
     const auto& p = r.problem;
@@ -366,8 +389,8 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const std:
         << p.q_len << ',' << p.kv_len << ',' << p.q_heads << ',' << p.kv_heads << ',' << p.head_dim << ','
         << (p.causal ? 1 : 0) << ',' << r.ms << ',' << r.tflops << ',' << r.extra_bytes << ',' << r.rel_err
         << ",\"" << gpu << "\"," << r.suite << ',' << r.ms_min << ',' << r.ms_max << ',' << r.reps << ','
-        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << ',' << r.max_err << ','
-        << to_string(r.step->pass) << '\n';
+        << r.speedup_prev << ',' << r.speedup_01 << ',' << r.vs_cublas << ',' << r.max_err << ',' << r.pass() << ','
+        << r.gbps << '\n';
   }
 }
 
@@ -502,7 +525,8 @@ int run(int argc, char** argv) {
     for (DType dtype : dtypes)
       for (bool causal : causals) {
         ++index;
-        const bool timed = shape.takes(dtype) && ((baseline && shape.forward) ||
+        // One new query per sequence: under the top-left mask it would see key 0 alone.
+        const bool timed = !(shape.decode && causal) && shape.takes(dtype) && ((baseline && shape.forward) ||
             std::any_of(steps.begin(), steps.end(), [&](const StepInfo* s) { return shape.has(s->pass); }));
         if (timed) plan.push_back({&shape, dtype, causal, index});
       }
@@ -615,6 +639,8 @@ int run(int argc, char** argv) {
 
       Row row{shape.suite, step, p, t.median, t.min, t.max, p.flops(pass) / (t.median * 1e9),
               error.rel_l2, error.max_abs, extra, t.reps};
+      row.decode = shape.decode;
+      if (shape.decode) row.gbps = p.kv_bytes() / (t.median * 1e6);
       last_measured[step] = {t.median, p.flops(pass)};
       // Speedups against what was measured on this same configuration, in the same pass.
       auto& best_ms_by_id = best_ms_of_pass[pass];

@@ -9,8 +9,8 @@
 #   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
 # FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;
 # FA_ROUND_DTYPES (default f16,bf16); FA_ROUND_BENCH: another fa-bench to time the same way (an
-# earlier tree's, for an ablation), its rows tagged old; FA_ROUND_PASS: forward (default) or backward, the
-# peers' pass (fa-bench times each step's own).
+# earlier tree's, for an ablation), its rows tagged old; FA_ROUND_PASS: forward (default), backward or decode,
+# the peers' pass (fa-bench times each step's own; FlashAttention-3 is not timed for decode).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/rounds"
@@ -41,7 +41,7 @@ for round in $(seq 1 "$rounds"); do
     echo "== round $round: peers at $shape"
     python3 bench/sdpa_peers.py --pass "$pass" --shape "$shape" --dtypes "$dtypes" --backends flash,cudnn --reps 30 \
       --csv "$OUT/rounds/peers-$round-$tag.csv" > "$OUT/rounds/peers-$round-$tag.txt" 2>&1
-    if [ "$fa3" = 1 ] && [ "${shape##*,}" = 128 ]; then
+    if [ "$fa3" = 1 ] && [ "${shape##*,}" = 128 ] && [ "$pass" != decode ]; then
       PYTHONPATH=/tmp/fa3-site XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/fa3_peer.py --pass "$pass" \
         --shape "$shape" --dtypes "$dtypes" --csv "$OUT/rounds/fa3-$round-$tag.csv" > "$OUT/rounds/fa3-$round-$tag.txt" 2>&1 ||
         tail -5 "$OUT/rounds/fa3-$round-$tag.txt"

@@ -38,10 +38,10 @@ CEILINGS_CSV = os.path.join(HERE, "ceilings.csv")
 #: fa-bench's CSV header (bench/fa_bench.cpp); missing columns read as empty, except `pass`: rows
 #: recorded before the backward existed have none and read as "forward".
 COLUMNS = ("step,variant,dtype,batch,q_len,kv_len,q_heads,kv_heads,head_dim,causal,ms,tflops,extra_bytes,"
-           "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass").split(",")
+           "rel_err,gpu,suite,ms_min,ms_max,reps,speedup_prev,speedup_01,vs_cublas,max_err,pass,gbps").split(",")
 INT_COLUMNS = {"batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "reps"}
 FLOAT_COLUMNS = {"ms", "tflops", "extra_bytes", "rel_err", "ms_min", "ms_max", "speedup_prev", "speedup_01",
-                 "vs_cublas", "max_err"}
+                 "vs_cublas", "max_err", "gbps"}
 #: Human names of the peers fa-bench and bench/sdpa_peers.py write.
 PEER_NAMES = {
     "cublas": "cuBLAS standard attention",

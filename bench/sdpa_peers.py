@@ -53,8 +53,14 @@ SUITES = {
 BACKWARD_SHAPES = ((4, 4096, 4096, 16, 16, 64), (4, 4096, 4096, 16, 16, 128), (1, 16384, 16384, 16, 16, 128))
 #: The backends whose backward is timed (the backward table's peers).
 BACKWARD_BACKENDS = ("flash", "cudnn")
-#: What --pass takes, and the passes each value times.
+#: fa-bench's decode suite (suite column "decode"): one query per sequence over a long KV cache, GQA.
+DECODE_SHAPES = ((8, 1, 8192, 32, 8, 128), (1, 1, 131072, 32, 8, 128), (64, 1, 2048, 32, 8, 128),
+                 (8, 1, 8192, 16, 16, 64))
+#: What --pass takes, and the passes each value times (fa3_peer.py takes these too).
 PASSES = {"forward": ("forward",), "backward": ("backward",), "both": ("forward", "backward")}
+#: This script's --pass also takes decode: the forward on the decode suite's shapes, without the mask, its rows
+#: with pass "decode" and the effective K/V bandwidth (gbps), as fa-bench writes them.
+PEER_PASSES = {**PASSES, "decode": ("decode",)}
 #: Backend name in the CSV's step column -> name of the torch.nn.attention.SDPBackend member.
 BACKENDS = {
     "math": "MATH",
@@ -76,8 +82,9 @@ def parse_args(argv=None):
     parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated: " + ", ".join(BACKENDS) + " (default all)")
-    parser.add_argument("--pass", dest="passes", default="forward", choices=tuple(PASSES),
-                        help="forward (default), backward (flash and cudnn only) or both")
+    parser.add_argument("--pass", dest="passes", default="forward", choices=tuple(PEER_PASSES),
+                        help="forward (default), backward (flash and cudnn only), both, or decode (the forward "
+                             "without the mask, rows with pass decode and gbps; with --suites decode)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -111,17 +118,19 @@ def plan(args):
         for suite in args.suites.split(","):
             if suite == "backward":
                 shapes += [(suite, shape) for shape in BACKWARD_SHAPES]
+            elif suite == "decode":
+                shapes += [(suite, shape) for shape in DECODE_SHAPES]
             elif suite in SUITES:
                 shapes.append((suite, SUITES[suite]))
             else:
-                sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}, backward")
+                sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}, backward, decode")
     return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes
             for dtype in args.dtypes.split(",")
             for causal in args.causal.split(",")
             for backend in args.backends.split(",")
-            for pass_ in PASSES[args.passes]
-            if pass_ == "forward" or backend in BACKWARD_BACKENDS]
+            for pass_ in PEER_PASSES[args.passes]
+            if (pass_ != "backward" or backend in BACKWARD_BACKENDS) and not (pass_ == "decode" and causal == "yes")]
 
 
 def flops(shape, causal: bool, pass_: str = "forward") -> float:
@@ -140,13 +149,21 @@ def fmt(value) -> str:
     return "nan" if value is None or math.isnan(value) else f"{value:.6g}"
 
 
+def kv_gbps(shape, dtype: str, ms: float) -> float:
+    """The bytes of K and V, read once, over the time, in GB/s (fa-bench's gbps: AttentionProblem::kv_bytes)."""
+    batch, _, kv_len, _, kv_heads, head_dim = shape
+    return 2.0 * batch * kv_len * kv_heads * head_dim * (4 if dtype == "f32" else 2) / (ms * 1e6)
+
+
 def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err,
              pass_="forward") -> list:
-    """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it)."""
+    """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it;
+    gbps only for the decode pass)."""
     batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
     return [step, "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, int(causal), fmt(ms),
             fmt(flops(shape, causal, pass_) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min), fmt(ms_max),
-            reps, "nan", "nan", "nan", fmt(max_err), pass_]
+            reps, "nan", "nan", "nan", fmt(max_err), pass_,
+            fmt(kv_gbps(shape, dtype, ms)) if pass_ == "decode" else "nan"]
 
 
 def open_csv(path: str):
@@ -388,7 +405,7 @@ def main(argv=None) -> int:
                 inputs = Inputs(torch, shape, dtypes[dtype], args.seed)
                 inputs_key = (shape, dtype)
             what = (f"sdpa-{backend:<9} {suite:<8} {dtype} {','.join(map(str, shape))} "
-                    f"causal={'yes' if causal else 'no'}" + (" backward" if pass_ == "backward" else ""))
+                    f"causal={'yes' if causal else 'no'}" + ("" if pass_ == "forward" else f" {pass_}"))
             timed = measure_backward if pass_ == "backward" else measure
             member = getattr(SDPBackend, BACKENDS[backend], None)
             if member is None:
@@ -410,7 +427,8 @@ def main(argv=None) -> int:
                                      extra, rel_err, max_err, pass_))
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
-                  f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")
+                  + (f"{kv_gbps(shape, dtype, ms):.1f} GB/s, " if pass_ == "decode" else "")
+                  + f"extra {extra / 2**20:.1f} MiB, rel err {rel_err:.2e}")
     return 0
 
 

@@ -3,7 +3,8 @@
 
 bench/plots.py holds the column list once (bench/sdpa_peers.py and bench/fa3_peer.py import it); this
 checks it against the header bench/fa_bench.cpp writes, that a peer row has one cell per column with
-its pass last, and that a CSV recorded before the `pass` column existed reads as the forward's.
+its pass and its K/V bandwidth (gbps, decode only) last, and that a CSV recorded before the `pass` column
+existed reads as the forward's, one recorded before `gbps` with gbps NaN.
 Plain asserts, no pytest.
 """
 import os
@@ -26,7 +27,7 @@ header = "".join(re.findall(r'"([^"]*)"', match.group(1))).strip().replace("\\n"
 assert header.split(",") == plots.COLUMNS, f"fa-bench writes {header}, plots.py reads {','.join(plots.COLUMNS)}"
 assert sdpa_peers.COLUMNS is plots.COLUMNS
 assert fa3_peer.COLUMNS is plots.COLUMNS
-assert plots.COLUMNS[-1] == "pass", "the pass column comes last: older CSVs are the same columns without it"
+assert plots.COLUMNS[-2:] == ["pass", "gbps"], "pass and gbps come last: older CSVs are the same columns without them"
 
 # A peer row: one cell per column, its pass in the pass column, the backward's TFLOPS 2.5 times the forward's.
 shape = (4, 1024, 1024, 8, 8, 64)
@@ -34,24 +35,29 @@ rows = {p: dict(zip(plots.COLUMNS, sdpa_peers.peer_row("sdpa-flash", "f16", shap
                                                         1.0, 15, 0, 1e-3, 1e-3, p)))
         for p in ("forward", "backward")}
 for p, row in rows.items():
-    assert len(row) == len(plots.COLUMNS) and row["pass"] == p, row
+    assert len(row) == len(plots.COLUMNS) and row["pass"] == p and row["gbps"] == "nan", row
+# A decode row: the bytes of K and V over the time. 8 x 8192 keys x 8 KV heads x 128 x 2 bytes, twice, in 1 ms.
+decode = dict(zip(plots.COLUMNS, sdpa_peers.peer_row("sdpa-cudnn", "f16", (8, 1, 8192, 32, 8, 128), False, "decode",
+                                                      "GPU", 1.0, 1.0, 1.0, 15, 0, 1e-3, 1e-3, "decode")))
+assert decode["pass"] == "decode" and abs(float(decode["gbps"]) - 2 * 8 * 8192 * 8 * 128 * 2 / 1e6) < 1e-3, decode
 assert abs(float(rows["backward"]["tflops"]) / float(rows["forward"]["tflops"]) - 2.5) < 1e-5
 assert len(sdpa_peers.peer_row("fa3", "f16", shape, True, "custom", "GPU", 1, 1, 1, 7, 0, 0, 0)) == len(plots.COLUMNS)
-assert sdpa_peers.peer_row("fa3", "f16", shape, True, "custom", "GPU", 1, 1, 1, 7, 0, 0, 0)[-1] == "forward"
+assert sdpa_peers.peer_row("fa3", "f16", shape, True, "custom", "GPU", 1, 1, 1, 7, 0, 0, 0)[-2] == "forward"
 
 # A CSV without the pass column (docs/results/ before the backward) loads as forward rows; with it, a forward and a
 # backward row of one configuration are two rows.
 with tempfile.TemporaryDirectory() as folder:
     old, new = os.path.join(folder, "old.csv"), os.path.join(folder, "new.csv")
     with open(old, "w") as f:
-        f.write(",".join(plots.COLUMNS[:-1]) + "\n")
+        f.write(",".join(plots.COLUMNS[:-2]) + "\n")
         f.write(",".join(str(c) for c in sdpa_peers.peer_row("sdpa-flash", "f16", shape, False, "teaching", "GPU", 1.0,
-                                                             1.0, 1.0, 15, 0, 1e-3, 1e-3)[:-1]) + "\n")
+                                                             1.0, 1.0, 15, 0, 1e-3, 1e-3)[:-2]) + "\n")
     with open(new, "w") as f:
         f.write(",".join(plots.COLUMNS) + "\n")
         for p in ("forward", "backward"):
             f.write(",".join(str(rows[p][c]) for c in plots.COLUMNS) + "\n")
     assert [r["pass"] for r in plots.load([old])] == ["forward"]
+    assert all(r["gbps"] != r["gbps"] for r in plots.load([old]))  # NaN
     assert sorted(r["pass"] for r in plots.load([new])) == ["backward", "forward"]
     assert [r["pass"] for r in plots.load([old, new])].count("forward") == 1  # the same measurement, later file wins
 print("CSV columns: bench/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header")

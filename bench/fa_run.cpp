@@ -14,6 +14,11 @@
 // [B, Hq, Nq]). A backward step reads O, LSE and dO besides Q, K, V and writes dQ, dK and dV; with
 // --random, O and LSE come from the course's last forward step that takes the problem
 // (forward_for_backward) and dO is random, and all of them go to the --dump folder with the gradients.
+// A KV cache's forms, for the steps that take them (fa-run --list): --kv-lens gives each sequence's length
+// (a comma list or an int32 .npy [B]); --page-table T.npy [B, kv_len / page_size] makes --k and --v page pools
+// [pages, page_size, Hkv, d]; with --random, --page-size N stores K and V so (pages in a shuffled order) and
+// --dump writes the pools, page_table.npy and kv_lens.npy; --causal-align bottom-right aligns the causal mask
+// to the end of each sequence (speculative decoding).
 // NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
@@ -43,6 +48,11 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          writes dQ, dK, dV (--dq --dk --dv, or DIR/dq.npy, dk.npy, dv.npy). --random makes O and LSE with the
          last forward step that takes the problem and draws dO, and dumps them as o.npy, lse.npy, do.npy next
          to q.npy, k.npy, v.npy; --check judges each gradient against the float64 reference
+       a KV cache (steps that take one; others refuse it): [--kv-lens L1,L2,..|LENS.npy] each sequence's keys
+         (int32 [B]); [--page-table TABLE.npy] K and V are page pools [pages, page_size, Hkv, d] and TABLE,
+         int32 [B, kv_len / page_size], lists each sequence's pages; with --random, [--page-size N] pages them
+         (in a shuffled order; --dump writes k.npy and v.npy as pools, page_table.npy, kv_lens.npy);
+         [--causal-align top-left|bottom-right] with --causal: bottom-right, the last query row sees every key
        fa-run --list     every step and variant, with the dtypes, head_dims, GPU and pass
        bf16 .npy files do not exist: bf16 tensors are written as float32, and
        float32 files with --dtype bf16 are rounded to bf16
@@ -84,6 +94,19 @@ AttentionProblem problem_from(const AttentionInputs& in, const std::string (&fil
   p.kv_heads = int(in.k.shape[2]);
   p.dtype = in.q.dtype;
   return p;
+}
+
+// The KV cache's per-sequence lengths: --kv-lens as a comma list, or an int32 .npy of B values.
+std::vector<int> kv_lens_from(const std::string& text) {
+  if (text.size() > 4 && text.substr(text.size() - 4) == ".npy") {
+    const NpyInts lens = read_npy_ints(text);
+    if (lens.shape.size() != 1)
+      throw std::invalid_argument(text + ": kv_lens must be one dimension [B]; got " + shape_text(lens.shape));
+    return lens.values;
+  }
+  std::vector<int> out;
+  for (const auto& item : Args::split(text)) out.push_back(std::stoi(item));
+  return out;
 }
 
 // Refuses a backward call's O, LSE and dO that do not fit the problem read off Q, K, V. `files` names
@@ -145,7 +168,7 @@ bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, c
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed", "lse-out", "o", "lse",
-                   "do", "dq", "dk", "dv"},
+                   "do", "dq", "dk", "dv", "kv-lens", "page-size", "page-table", "causal-align"},
                   {"help", "causal", "check", "list"});
   if (args.has("list")) {
     print_step_list(std::cout);
@@ -181,6 +204,10 @@ int run(int argc, char** argv) {
     const auto v = Args::parse_ints(args.get("random", ""), 6, "--random");
     p.batch = v[0], p.q_len = v[1], p.kv_len = v[2], p.q_heads = v[3], p.kv_heads = v[4], p.head_dim = v[5];
     p.dtype = parse_dtype(args.get("dtype", "f32"));
+    if (args.has("page-size")) {  // every sequence's pages distinct: a pool of batch * kv_len / page_size pages
+      p.page_size = int(args.get_number("page-size", 0));
+      if (p.page_size > 0) p.pages = p.batch * (p.kv_len / p.page_size);
+    }
     validate(p);
     inputs = random_inputs(p, std::uint64_t(args.get_number("seed", 1)));
     out_path = (dump / "o.npy").string();
@@ -212,7 +239,31 @@ int run(int argc, char** argv) {
       }
     }
     inputs = {read_npy(args.get("q", "")), read_npy(args.get("k", "")), read_npy(args.get("v", ""))};
+    if (args.has("page-size") && !args.has("page-table"))
+      throw std::invalid_argument("--page-size with --k and --v needs --page-table (with --random, fa-run pages K and V)");
+    NpyInts table;  // a paged cache: K and V are pools [pages, page_size, Hkv, d]; read back into [B, N, Hkv, d]
+    HostTensor k_pool, v_pool;
+    if (args.has("page-table")) {
+      table = read_npy_ints(args.get("page-table", ""));
+      if (table.shape.size() != 2 || table.shape[0] != inputs.q.shape.at(0) || inputs.k.shape.size() != 4)
+        throw std::invalid_argument(args.get("page-table", "") + ": the page table must be int32 [B, pages per "
+                                    "sequence] with Q's batch, and K and V pools [pages, page_size, Hkv, d]; got " +
+                                    shape_text(table.shape) + " and K " + shape_text(inputs.k));
+      k_pool = std::move(inputs.k), v_pool = std::move(inputs.v);
+      const std::int64_t pages_per_sequence = table.shape[1], page_size = k_pool.shape[1];
+      inputs.k = HostTensor(k_pool.dtype, {inputs.q.shape[0], pages_per_sequence * page_size, k_pool.shape[2],
+                                           k_pool.shape[3]});
+      inputs.v = HostTensor(v_pool.dtype, inputs.k.shape);  // filled once the problem is known, below
+    }
     p = problem_from(inputs, {args.get("q", ""), args.get("k", ""), args.get("v", "")});
+    if (args.has("page-table")) {
+      if (v_pool.shape != k_pool.shape)
+        throw std::invalid_argument("the K pool " + shape_text(k_pool) + " and the V pool " + shape_text(v_pool) +
+                                    " must have the same shape");
+      p.page_size = int(k_pool.shape[1]), p.pages = int(k_pool.shape[0]);
+      validate(p);
+      inputs.k = from_pages(p, k_pool, table.values), inputs.v = from_pages(p, v_pool, table.values);
+    }
     if (backward) {
       backward_inputs = {read_npy(args.get("o", "")), read_npy(args.get("lse", "")), read_npy(args.get("do", ""))};
       check_backward_inputs(p, backward_inputs, {args.get("o", ""), args.get("lse", ""), args.get("do", "")});
@@ -235,6 +286,13 @@ int run(int argc, char** argv) {
   }
   p.causal = args.has("causal");
   if (args.has("scale")) p.scale = float(args.get_number("scale", 0));
+  if (args.has("kv-lens")) p.kv_lens = kv_lens_from(args.get("kv-lens", ""));
+  if (args.has("causal-align")) {
+    const std::string align = args.get("causal-align", "");
+    if (align != "top-left" && align != "bottom-right")
+      throw std::invalid_argument("--causal-align must be top-left or bottom-right; got '" + align + "'");
+    p.causal_align = align == "bottom-right" ? CausalAlign::bottom_right : CausalAlign::top_left;
+  }
   validate(p);
   refuse_unsupported(step, p);
   if (!gpu_available()) {
@@ -248,8 +306,16 @@ int run(int argc, char** argv) {
   if (args.has("random")) {  // write the inputs only once everything is known to be runnable
     std::filesystem::create_directories(dump);
     write_npy((dump / "q.npy").string(), inputs.q);
-    write_npy((dump / "k.npy").string(), inputs.k);
-    write_npy((dump / "v.npy").string(), inputs.v);
+    if (p.paged()) {  // K and V as the kernel reads them: page pools, and the table that orders their pages
+      const std::vector<int> table = shuffled_page_table(p, DeviceAttention::kPageSeed);
+      write_npy((dump / "k.npy").string(), to_pages(p, inputs.k, table));
+      write_npy((dump / "v.npy").string(), to_pages(p, inputs.v, table));
+      write_npy_ints((dump / "page_table.npy").string(), {p.batch, p.pages_per_sequence()}, table);
+    } else {
+      write_npy((dump / "k.npy").string(), inputs.k);
+      write_npy((dump / "v.npy").string(), inputs.v);
+    }
+    if (!p.kv_lens.empty()) write_npy_ints((dump / "kv_lens.npy").string(), {p.batch}, p.kv_lens);
     if (backward) {
       write_npy((dump / "o.npy").string(), backward_inputs.o);
       write_npy((dump / "lse.npy").string(), backward_inputs.lse);

@@ -150,6 +150,27 @@ TEST_CASE(".npy files round-trip and bad files are refused clearly", "[cpu][npy]
   std::remove(path.c_str());
 }
 
+TEST_CASE("integer .npy files (a KV cache's lengths, a page table) round-trip; int64 within int32 reads too",
+          "[cpu][npy]") {
+  const std::string path = "fa_test_ints.npy";
+  write_npy_ints(path, {2, 3}, {0, 1, -2, 70000, 5, 2147483647});
+  const NpyInts back = read_npy_ints(path);
+  CHECK(back.shape == std::vector<std::int64_t>{2, 3});
+  CHECK(back.values == std::vector<int>{0, 1, -2, 70000, 5, 2147483647});
+  for (long long big : {5LL, 1LL << 40}) {  // numpy's default int64
+    const std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }\n";
+    std::ofstream file(path, std::ios::binary);
+    file << "\x93NUMPY\x01" << char(0) << char(header.size()) << char(0) << header;
+    file.write(reinterpret_cast<const char*>(&big), 8);
+    file.close();
+    if (big == 5) CHECK(read_npy_ints(path).values == std::vector<int>{5});
+    else CHECK_THROWS_WITH(read_npy_ints(path), Contains("does not fit in int32"));
+  }
+  write_npy(path, random_tensor(DType::f32, {2}, 1));
+  CHECK_THROWS_WITH(read_npy_ints(path), Contains("'<f4' is not supported (need int32"));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("the registry lists every step once, in course order", "[cpu][registry]") {
   const auto& steps = all_steps();
   REQUIRE_FALSE(steps.empty());

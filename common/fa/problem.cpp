@@ -28,10 +28,7 @@ const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : 
 const char* to_string(CausalAlign align) { return align == CausalAlign::bottom_right ? "bottom-right" : "top-left"; }
 
 int AttentionProblem::keys_seen(int b, int i) const {
-  const int len = kv_len_of(b);
-  if (!causal) return len;
-  const int last = causal_align == CausalAlign::bottom_right ? len - q_len + i : i;  // the last key row i sees
-  return std::clamp(last + 1, 0, len);
+  return keys_seen_in(kv_len_of(b), q_len, i, causal, causal_align == CausalAlign::bottom_right);
 }
 
 double AttentionProblem::kv_bytes() const {

@@ -55,6 +55,20 @@ enum class CausalAlign {
 /// "top-left" or "bottom-right".
 const char* to_string(CausalAlign align);
 
+#ifdef __CUDACC__
+#define FA_HOST_DEVICE __host__ __device__
+#else
+#define FA_HOST_DEVICE
+#endif
+/// How many keys (0 .. len, keys 0 .. keys_seen - 1) query row i of q_len rows sees in a sequence of len keys:
+/// all of them without the mask; with it keys j <= i (top-left) or j <= len - q_len + i (bottom-right). The one
+/// rule the reference (AttentionProblem::keys_seen) and the decode kernels (kit::Cache) both follow.
+FA_HOST_DEVICE constexpr int keys_seen_in(int len, int q_len, int i, bool causal, bool bottom_right) {
+  if (!causal) return len;
+  const int seen = (bottom_right ? len - q_len + i : i) + 1;
+  return seen < 0 ? 0 : seen > len ? len : seen;
+}
+
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
   int batch = 1;               ///< B: independent sequences

@@ -60,6 +60,7 @@ namespace step37 { Launcher launcher(); }
 namespace step38 { Launcher launcher(); }
 namespace step39 { Launcher launcher(); }
 namespace step40 { Launcher launcher(); }
+namespace step41 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -195,6 +196,9 @@ const std::vector<StepInfo>& all_steps() {
       {"40", "", "warp_specialized_backward",
        "a producer warpgroup loads Q, dO, LSE and D and hands dQ to the copy engine; the consumers meet only at dS^T",
        step40::launcher()},
+      {"41", "", "split_kv_decode",
+       "decode: each sequence's keys split among blocks, each writing a partial O and its LSE; a second kernel merges them",
+       step41::launcher()},
   };
   return steps;
 }

@@ -1,0 +1,240 @@
+// Step 41: split-KV decoding (flash-decoding).
+//
+// A model that generates text asks, per sequence, for one new query (or a few) against a long KV cache. The
+// forward steps give each (query tile, head, batch) one block: at B = 1 with 32 heads that is 32 blocks for 132
+// SMs, each walking 131,072 keys alone, and the work is reading K and V once, so the time is set by how many SMs
+// read. Here the keys of each (head, batch) are split among `splits` blocks. Block s reads its slice of the keys
+// and writes what the online softmax gives for it: a partial O (normalized over its slice) and the slice's
+// log-sum-exp. A second kernel merges the slices exactly: with LSE = log sum_s exp(LSE_s),
+// O = sum_s exp(LSE_s - LSE) O_s, the same identity the online softmax applies tile by tile. The number of
+// splits is chosen from the work (batch x query heads) and the SM count, so that the split kernel fills the GPU.
+//
+// The step takes the KV cache's per-sequence lengths and the bottom-right causal mask (q_len new tokens, up to
+// kMaxQueries), and refuses a paged cache (step 43 takes it). Each query head reads its KV head's keys on its own;
+// under GQA the group's heads read the same K and V again (step 42 packs them).
+#include "fa/kit.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace fa::step41 {
+namespace {
+
+/// What this step accepts: 16-bit inputs read 16 bytes at a time; per-sequence lengths and the bottom-right mask.
+struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
+  static constexpr int min_arch = 80;           ///< as the course's other 16-bit steps
+  static constexpr int pointer_alignment = 16;  ///< 16-byte loads of K, V and Q rows
+  static constexpr bool needs_workspace = true; ///< the splits' partial O and LSE, in float
+  static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};
+};
+
+constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
+constexpr int kMaxQueries = 8;      ///< new tokens per sequence a call may bring (q_len): decode's, speculative
+constexpr int kUnroll = 4;          ///< keys a lane group loads before it uses the first: bytes in flight
+constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
+constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
+
+/// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V). kGroups such lane groups
+/// walk the block's keys side by side, key g, g + kGroups, ...
+template <int D> constexpr int kKeyLanes = D / 8;
+template <int D> constexpr int kGroups = kThreads / kKeyLanes<D>;
+
+/// 8 elements of a 16-byte load as floats.
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
+  const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = kit::to_float(x[e]);
+}
+
+/// Block (split, h, b): the keys of split `split` of sequence b, for each of the q_len <= kRows query rows of
+/// head h. Lane group g (kKeyLanes<D> consecutive lanes) takes keys first + g, first + g + kGroups, ..; lane c of
+/// the group holds columns 8c .. 8c + 7 of Q's rows, of each key, and of its partial O. Writes, per row, the
+/// slice's O (divided by its own sum) and its log-sum-exp in log2 units into the workspace; a row that sees none
+/// of the slice's keys gets O = 0 and -inf. kRows is a compile-time bound, so that the rows' registers stay
+/// registers (decode's q_len = 1 keeps one row's).
+template <class T, int D, int kRows>
+__global__ void __launch_bounds__(kThreads)
+split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
+             int splits, float scale_log2) {
+  constexpr int kLanes = kKeyLanes<D>, kG = kGroups<D>;
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int kv_h = h / (s.q_heads / s.kv_heads);
+  const int lane = threadIdx.x % kLanes, g = threadIdx.x / kLanes;
+  const int len = cache.len(b);
+  // This split's keys: an equal share of the sequence's, [first, last). The same for the whole block.
+  const int share = kit::ceil_div(len, splits);
+  const int first = min(split * share, len), last = min(first + share, len);
+
+  // This lane's 8 columns of every query row, as floats, times the scale in log2 units; and where the keys
+  // each row sees end (the mask and the length).
+  float q[kRows][8];
+  int seen[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    seen[r] = r < s.q_len ? keys_seen_in(len, s.q_len, r, s.causal, cache.bottom_right) : 0;
+    if (r < s.q_len) unpack8<T>(*reinterpret_cast<const uint4*>(s.q_head(b, h) + r * s.q_stride() + 8 * lane), q[r]);
+    else for (int e = 0; e < 8; ++e) q[r][e] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[r][e] *= scale_log2;
+  }
+
+  // The group's running maximum m, sum l and O (its 8 columns) per row, in log2 units.
+  float m[kRows], l[kRows], o[kRows][8];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[r][e] = 0.f;
+  }
+
+  const T* k_rows = s.k_head(b, kv_h) + 8 * lane;
+  const T* v_rows = s.v_head(b, kv_h) + 8 * lane;
+  const int stride = s.kv_stride();
+  // Every thread of the block runs the same iterations (base is the block's), so the shuffles below always
+  // have the whole warp; a key past the slice is loaded as zeros and skipped after its shuffle.
+  for (int base = first; base < last; base += kG * kUnroll) {
+    // kUnroll keys' K and V first, all in flight at once.
+    uint4 k_raw[kUnroll], v_raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kG + g;
+      k_raw[u] = v_raw[u] = make_uint4(0, 0, 0, 0);
+      if (j < last) {
+        k_raw[u] = *reinterpret_cast<const uint4*>(k_rows + std::int64_t(j) * stride);
+        v_raw[u] = *reinterpret_cast<const uint4*>(v_rows + std::int64_t(j) * stride);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kG + g;
+      float k[8], v[8];
+      unpack8<T>(k_raw[u], k);
+      unpack8<T>(v_raw[u], v);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        // The score of key j for row r: this lane's 8 products, summed over the group's lanes.
+        float score = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) score += q[r][e] * k[e];
+#pragma unroll
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) score += __shfl_xor_sync(0xffffffffu, score, offset);
+        if (j >= last || j >= seen[r]) continue;  // past the slice, or masked (a row past q_len sees none)
+        // Online softmax, one key at a time: rescale what is summed when the maximum grows.
+        const float m_new = fmaxf(m[r], score);
+        const float rescale = exp2f(m[r] - m_new);  // 0 while m is -inf
+        const float p = exp2f(score - m_new);
+        l[r] = l[r] * rescale + p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[r][e] = o[r][e] * rescale + p * v[e];
+        m[r] = m_new;
+      }
+    }
+  }
+
+  // The block's kG groups merge, row by row, in shared memory: M = max m_g, L = sum l_g 2^(m_g - M),
+  // O = sum o_g 2^(m_g - M) / L. Workspace row (split, b, r): [splits][batch][q_len][q_heads].
+  __shared__ float sm_m[kG], sm_l[kG], sm_o[kG][D];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= s.q_len) break;  // the same for the whole block
+    if (lane == 0) sm_m[g] = m[r], sm_l[g] = l[r];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sm_o[g][8 * lane + e] = o[r][e];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int x = 0; x < kG; ++x) M = fmaxf(M, sm_m[x]);
+    const std::int64_t row = ((std::int64_t(split) * gridDim.z + b) * s.q_len + r) * s.q_heads + h;
+    for (int c = threadIdx.x; c < D; c += kThreads) {
+      float L = 0.f, O = 0.f;
+      if (M != -INFINITY) {
+        for (int x = 0; x < kG; ++x) {
+          const float w = exp2f(sm_m[x] - M);  // 0 for a group that saw no key
+          L += sm_l[x] * w;
+          O += sm_o[x][c] * w;
+        }
+      }
+      partial_o[row * D + c] = L > 0.f ? O / L : 0.f;
+      if (c == 0) partial_lse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
+    }
+    __syncthreads();
+  }
+}
+
+/// One block per output row (b, i, h), one thread per column: the splits' partials merged with their
+/// log-sum-exp weights, O in the tensor's type and, when asked for, LSE (natural log). A row no split saw a key
+/// of gets O = 0 and LSE = -inf.
+template <class T, int D>
+__global__ void __launch_bounds__(D)
+combine_kernel(kit::Heads<T, D> s, const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
+               int splits, int batch) {
+  const int h = blockIdx.x % s.q_heads, i = (blockIdx.x / s.q_heads) % s.q_len, b = blockIdx.x / (s.q_heads * s.q_len);
+  const int c = threadIdx.x;
+  auto at = [&](int split) { return ((std::int64_t(split) * batch + b) * s.q_len + i) * s.q_heads + h; };
+  float M = -INFINITY;
+  for (int x = 0; x < splits; ++x) M = fmaxf(M, partial_lse[at(x)]);
+  float L = 0.f, O = 0.f;
+  if (M != -INFINITY) {
+    for (int x = 0; x < splits; ++x) {
+      const float w = exp2f(partial_lse[at(x)] - M);  // 0 for a split that saw no key of this row
+      L += w;
+      O += w * partial_o[at(x) * D + c];
+    }
+  }
+  s.o_head(b, h)[i * s.q_stride() + c] = kit::from_float<T>(L > 0.f ? O / L : 0.f);
+  if (s.LSE && c == 0) s.lse_head(b, h)[i] = L > 0.f ? (M + log2f(L)) * 0.69314718f : -INFINITY;  // ln 2
+}
+
+/// How many splits each (head, batch) gets: about kBlocksPerSM split blocks per SM, no split shorter than
+/// kMinKeysPerSplit keys, at most kMaxSplits.
+constexpr int kBlocksPerSM = 8;
+int splits_for(const AttentionProblem& p, int multiprocessors) {
+  const std::int64_t work = std::int64_t(p.batch) * p.q_heads;
+  const std::int64_t wanted = std::int64_t(kBlocksPerSM) * multiprocessors;
+  const int by_work = int(std::min<std::int64_t>(kMaxSplits, (wanted + work - 1) / work));
+  const int by_length = std::max(1, p.kv_len / kMinKeysPerSplit);
+  return std::clamp(std::min(by_work, by_length), 1, kMaxSplits);
+}
+
+/// The workspace: the splits' partial O ([splits][batch][q_len][q_heads][D] floats), then their LSE
+/// ([splits][batch][q_len][q_heads] floats, log2 units).
+std::size_t workspace_bytes(const AttentionProblem& p) {
+  const std::size_t splits = std::size_t(splits_for(p, kit::device_multiprocessors()));
+  return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
+}
+
+/// Validates the problem, refuses more new tokens than kMaxQueries, then launches the split kernel (compiled for
+/// 1, 2, 4 or 8 rows: the least that holds q_len) and the combine.
+void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
+  kit::dispatch<Support>(p, t, "step 41", [&]<class T, int D>() {
+    if (p.q_len > kMaxQueries)
+      throw_unsupported("step 41", "q_len", std::to_string(p.q_len),
+                        "1 .. " + std::to_string(kMaxQueries) + " new tokens per sequence (a decode step; the "
+                        "forward steps take longer query sequences)");
+    const int splits = splits_for(p, kit::device_multiprocessors());
+    float* partial_o = static_cast<float*>(t.workspace);
+    float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
+    const auto heads = kit::heads<T, D>(p, t);
+    const dim3 grid(splits, p.q_heads, p.batch);
+    const float scale_log2 = p.softmax_scale() * 1.44269504f;  // exp(x) = 2^(x log2(e))
+    auto split = [&](auto kernel) {
+      kit::launch(kernel, grid, kThreads, 0, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits,
+                  scale_log2);
+    };
+    if (p.q_len == 1) split(split_kernel<T, D, 1>);
+    else if (p.q_len <= 2) split(split_kernel<T, D, 2>);
+    else if (p.q_len <= 4) split(split_kernel<T, D, 4>);
+    else split(split_kernel<T, D, 8>);
+    kit::launch(combine_kernel<T, D>, kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads), D, 0, stream, heads,
+                partial_o, partial_lse, splits, p.batch);
+  });
+}
+
+}  // namespace
+
+/// Step 41 as the registry lists it: the launcher and its workspace (the splits' partials).
+Launcher launcher() { return kit::launcher<Support>(&launch, &workspace_bytes); }
+
+}  // namespace fa::step41

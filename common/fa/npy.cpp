@@ -24,8 +24,8 @@ namespace {
 namespace {
 /// A .npy file's element type ('<f4', '<i4', ...) and shape, read up to its data.
 struct Header {
-  std::string descr;
-  std::vector<std::int64_t> shape;
+  std::string descr;                ///< the element type, e.g. '<f4', '<i4'
+  std::vector<std::int64_t> shape;  ///< the array's dimensions
 };
 
 /// Opens `path` and reads its header: `in` is left at the first byte of the data.

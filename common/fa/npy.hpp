@@ -25,8 +25,8 @@ void write_npy(const std::string& path, const HostTensor& tensor);
 
 /// An integer .npy file's shape and values (a KV cache's lengths or page table).
 struct NpyInts {
-  std::vector<std::int64_t> shape;
-  std::vector<int> values;
+  std::vector<std::int64_t> shape;  ///< the array's dimensions
+  std::vector<int> values;          ///< its elements in C order, as int32
 };
 /// Reads a C-ordered int32 ('<i4') or int64 ('<i8', each value within int32) .npy file.
 /// Throws std::runtime_error naming the file and what is wrong otherwise.

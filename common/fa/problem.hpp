@@ -55,6 +55,7 @@ enum class CausalAlign {
 /// "top-left" or "bottom-right".
 const char* to_string(CausalAlign align);
 
+/// FA_HOST_DEVICE: a function both compilers build, for the host and (under nvcc) the device.
 #ifdef __CUDACC__
 #define FA_HOST_DEVICE __host__ __device__
 #else

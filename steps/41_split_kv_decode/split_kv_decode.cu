@@ -27,7 +27,7 @@ struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<
   static constexpr int min_arch = 80;           ///< as the course's other 16-bit steps
   static constexpr int pointer_alignment = 16;  ///< 16-byte loads of K, V and Q rows
   static constexpr bool needs_workspace = true; ///< the splits' partial O and LSE, in float
-  static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};
+  static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};  ///< lengths, bottom-right
 };
 
 constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
@@ -36,9 +36,9 @@ constexpr int kUnroll = 4;          ///< keys a lane group loads before it uses 
 constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
 constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
 
-/// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V). kGroups such lane groups
-/// walk the block's keys side by side, key g, g + kGroups, ...
+/// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V).
 template <int D> constexpr int kKeyLanes = D / 8;
+/// Lane groups of a block: they walk the block's keys side by side, group g keys g, g + kGroups, ...
 template <int D> constexpr int kGroups = kThreads / kKeyLanes<D>;
 
 /// 8 elements of a 16-byte load as floats.
@@ -187,9 +187,10 @@ combine_kernel(kit::Heads<T, D> s, const float* __restrict__ partial_o, const fl
   if (s.LSE && c == 0) s.lse_head(b, h)[i] = L > 0.f ? (M + log2f(L)) * 0.69314718f : -INFINITY;  // ln 2
 }
 
+constexpr int kBlocksPerSM = 8;  ///< split blocks wanted per SM: several resident at a time, about two rounds
+
 /// How many splits each (head, batch) gets: about kBlocksPerSM split blocks per SM, no split shorter than
 /// kMinKeysPerSplit keys, at most kMaxSplits.
-constexpr int kBlocksPerSM = 8;
 int splits_for(const AttentionProblem& p, int multiprocessors) {
   const std::int64_t work = std::int64_t(p.batch) * p.q_heads;
   const std::int64_t wanted = std::int64_t(kBlocksPerSM) * multiprocessors;

@@ -131,13 +131,17 @@ struct CacheForms {
   bool kv_lens = false;       ///< per-sequence K/V lengths
   bool paged = false;         ///< a paged K/V cache
   bool bottom_right = false;  ///< bottom-right causal alignment
+  /// The most query rows (new tokens) per sequence it takes; 0: any. A decode step's kernel holds a few rows of
+  /// queries in registers and refuses more (the forward steps take long query sequences).
+  int max_q_len = 0;
 };
 
-/// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none).
+/// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none) and
+/// has no more query rows than it takes.
 bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>") for the first
-/// KV-cache form p uses that `takes` lacks; returns when it uses none.
+/// KV-cache form p uses that `takes` lacks, or for a q_len above its max_q_len; returns when there is none.
 void refuse_cache_forms(const char* step, const AttentionProblem& p, const CacheForms& takes);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>").

@@ -22,16 +22,18 @@
 namespace fa::step41 {
 namespace {
 
+constexpr int kMaxQueries = 8;  ///< new tokens per sequence a call may bring (q_len): decode's, speculative
+
 /// What this step accepts: 16-bit inputs read 16 bytes at a time; per-sequence lengths and the bottom-right mask.
 struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<64, 128>> {
   static constexpr int min_arch = 80;           ///< as the course's other 16-bit steps
   static constexpr int pointer_alignment = 16;  ///< 16-byte loads of K, V and Q rows
   static constexpr bool needs_workspace = true; ///< the splits' partial O and LSE, in float
-  static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};  ///< lengths, bottom-right
+  /// Per-sequence lengths, the bottom-right mask, and at most kMaxQueries new tokens per sequence.
+  static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true, .max_q_len = kMaxQueries};
 };
 
 constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
-constexpr int kMaxQueries = 8;      ///< new tokens per sequence a call may bring (q_len): decode's, speculative
 constexpr int kUnroll = 4;          ///< keys a lane group loads before it uses the first: bytes in flight
 constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
 constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
@@ -206,14 +208,10 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
   return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 
-/// Validates the problem, refuses more new tokens than kMaxQueries, then launches the split kernel (compiled for
-/// 1, 2, 4 or 8 rows: the least that holds q_len) and the combine.
+/// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel
+/// (compiled for 1, 2, 4 or 8 rows: the least that holds q_len) and the combine.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   kit::dispatch<Support>(p, t, "step 41", [&]<class T, int D>() {
-    if (p.q_len > kMaxQueries)
-      throw_unsupported("step 41", "q_len", std::to_string(p.q_len),
-                        "1 .. " + std::to_string(kMaxQueries) + " new tokens per sequence (a decode step; the "
-                        "forward steps take longer query sequences)");
     const int splits = splits_for(p, kit::device_multiprocessors());
     float* partial_o = static_cast<float*>(t.workspace);
     float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();

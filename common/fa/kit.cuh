@@ -250,6 +250,13 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared
   FA_CHECK_LAUNCH();
 }
 
+/// How many blocks of `kernel` one SM holds at once, for blocks of `threads` threads and `shared_bytes` of dynamic
+/// shared memory (kit.hpp's resident_blocks).
+template <class... Params>
+int resident_blocks(void (*kernel)(Params...), int threads, std::size_t shared_bytes) {
+  return resident_blocks(reinterpret_cast<const void*>(kernel), threads, shared_bytes);
+}
+
 /// @cond
 template <class... T, int... D>
 constexpr bool lists(const AttentionProblem& p, DTypes<T...>, HeadDims<D...>) {

@@ -61,6 +61,7 @@ namespace step38 { Launcher launcher(); }
 namespace step39 { Launcher launcher(); }
 namespace step40 { Launcher launcher(); }
 namespace step41 { Launcher launcher(); }
+namespace step42 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -199,6 +200,9 @@ const std::vector<StepInfo>& all_steps() {
       {"41", "", "split_kv_decode",
        "decode: each sequence's keys split among blocks, each writing a partial O and its LSE; a second kernel merges them",
        step41::launcher()},
+      {"42", "", "gqa_packed_decode",
+       "decode: the query heads of a GQA group share a block, so each split reads its keys once for all of them",
+       step42::launcher()},
   };
   return steps;
 }

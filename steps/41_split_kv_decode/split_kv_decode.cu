@@ -7,11 +7,14 @@
 // and writes what the online softmax gives for it: a partial O (normalized over its slice) and the slice's
 // log-sum-exp. A second kernel merges the slices exactly: with LSE = log sum_s exp(LSE_s),
 // O = sum_s exp(LSE_s - LSE) O_s, the same identity the online softmax applies tile by tile. The number of
-// splits is chosen from the work (batch x query heads) and the SM count, so that the split kernel fills the GPU.
+// splits is chosen from the work (batch x query heads), the SM count and how many split blocks an SM holds, so
+// that the split kernel fills the GPU in one wave; where the work fills it without splitting, one split writes
+// O itself and no merge runs.
 //
 // The step takes the KV cache's per-sequence lengths and the bottom-right causal mask (q_len new tokens, up to
 // kMaxQueries), and refuses a paged cache (step 43 takes it). Each query head reads its KV head's keys on its own;
 // under GQA the group's heads read the same K and V again (step 42 packs them).
+#include "41_split_kv_decode/split_kv.cuh"
 #include "fa/kit.cuh"
 
 #include <algorithm>
@@ -43,20 +46,12 @@ template <int D> constexpr int kKeyLanes = D / 8;
 /// Lane groups of a block: they walk the block's keys side by side, group g keys g, g + kGroups, ...
 template <int D> constexpr int kGroups = kThreads / kKeyLanes<D>;
 
-/// 8 elements of a 16-byte load as floats.
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
-  const T* x = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) out[e] = kit::to_float(x[e]);
-}
-
 /// Block (split, h, b): the keys of split `split` of sequence b, for each of the q_len <= kRows query rows of
 /// head h. Lane group g (kKeyLanes<D> consecutive lanes) takes keys first + g, first + g + kGroups, ..; lane c of
 /// the group holds columns 8c .. 8c + 7 of Q's rows, of each key, and of its partial O. Writes, per row, the
 /// slice's O (divided by its own sum) and its log-sum-exp in log2 units into the workspace; a row that sees none
-/// of the slice's keys gets O = 0 and -inf. kRows is a compile-time bound, so that the rows' registers stay
-/// registers (decode's q_len = 1 keeps one row's).
+/// of the slice's keys gets O = 0 and -inf. With one split (gridDim.x = 1) it writes O and LSE instead. kRows is
+/// a compile-time bound, so that the rows' registers stay registers (decode's q_len = 1 keeps one row's).
 template <class T, int D, int kRows>
 __global__ void __launch_bounds__(kThreads)
 split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
@@ -77,8 +72,10 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     seen[r] = r < s.q_len ? keys_seen_in(len, s.q_len, r, s.causal, cache.bottom_right) : 0;
-    if (r < s.q_len) unpack8<T>(*reinterpret_cast<const uint4*>(s.q_head(b, h) + r * s.q_stride() + 8 * lane), q[r]);
-    else for (int e = 0; e < 8; ++e) q[r][e] = 0.f;
+    if (r < s.q_len)
+      decode::unpack8<T>(*reinterpret_cast<const uint4*>(s.q_head(b, h) + r * s.q_stride() + 8 * lane), q[r]);
+    else
+      for (int e = 0; e < 8; ++e) q[r][e] = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[r][e] *= scale_log2;
   }
@@ -109,36 +106,56 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
         v_raw[u] = *reinterpret_cast<const uint4*>(v_rows + std::int64_t(j) * stride);
       }
     }
+    // The scores of the kUnroll keys for each row: this lane's 8 products, summed over the group's lanes;
+    // -inf for a key past the slice or masked for the row (a row past q_len sees none).
+    float score[kUnroll][kRows];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kG + g;
-      float k[8], v[8];
-      unpack8<T>(k_raw[u], k);
-      unpack8<T>(v_raw[u], v);
+      float k[8];
+      decode::unpack8<T>(k_raw[u], k);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        // The score of key j for row r: this lane's 8 products, summed over the group's lanes.
-        float score = 0.f;
+        float x = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) score += q[r][e] * k[e];
+        for (int e = 0; e < 8; ++e) x += q[r][e] * k[e];
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset /= 2) score += __shfl_xor_sync(0xffffffffu, score, offset);
-        if (j >= last || j >= seen[r]) continue;  // past the slice, or masked (a row past q_len sees none)
-        // Online softmax, one key at a time: rescale what is summed when the maximum grows.
-        const float m_new = fmaxf(m[r], score);
-        const float rescale = exp2f(m[r] - m_new);  // 0 while m is -inf
-        const float p = exp2f(score - m_new);
-        l[r] = l[r] * rescale + p;
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+        score[u][r] = j < last && j < seen[r] ? x : -INFINITY;
+      }
+    }
+    // Online softmax over the kUnroll keys at once: one rescale of what is summed when the maximum grows.
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[r][e] = o[r][e] * rescale + p * v[e];
-        m[r] = m_new;
+    for (int r = 0; r < kRows; ++r) {
+      float m_new = m[r];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) m_new = fmaxf(m_new, score[u][r]);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: every weight below is 0, not NaN
+      const float rescale = exp2f(m[r] - m_use);              // 0 while m is -inf
+      l[r] *= rescale;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[r][e] *= rescale;
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float v[8];
+      decode::unpack8<T>(v_raw[u], v);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float p = exp2f(score[u][r] - (m[r] == -INFINITY ? 0.f : m[r]));  // 0 for a -inf score
+        l[r] += p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[r][e] += p * v[e];
       }
     }
   }
 
   // The block's kG groups merge, row by row, in shared memory: M = max m_g, L = sum l_g 2^(m_g - M),
-  // O = sum o_g 2^(m_g - M) / L. Workspace row (split, b, r): [splits][batch][q_len][q_heads].
+  // O = sum o_g 2^(m_g - M) / L. With one split that is the answer: O in the tensor's type and LSE (natural
+  // log), and no combine runs. Else workspace row (split, b, r): [splits][batch][q_len][q_heads].
   __shared__ float sm_m[kG], sm_l[kG], sm_o[kG][D];
+  const bool one_split = gridDim.x == 1;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (r >= s.q_len) break;  // the same for the whole block
@@ -158,76 +175,61 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
           O += sm_o[x][c] * w;
         }
       }
-      partial_o[row * D + c] = L > 0.f ? O / L : 0.f;
-      if (c == 0) partial_lse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
+      if (one_split) {
+        s.o_head(b, h)[r * s.q_stride() + c] = kit::from_float<T>(L > 0.f ? O / L : 0.f);
+        if (s.LSE && c == 0) s.lse_head(b, h)[r] = L > 0.f ? (M + log2f(L)) * 0.69314718f : -INFINITY;  // ln 2
+      } else {
+        partial_o[row * D + c] = L > 0.f ? O / L : 0.f;
+        if (c == 0) partial_lse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
+      }
     }
     __syncthreads();
   }
 }
 
-/// One block per output row (b, i, h), one thread per column: the splits' partials merged with their
-/// log-sum-exp weights, O in the tensor's type and, when asked for, LSE (natural log). A row no split saw a key
-/// of gets O = 0 and LSE = -inf.
-template <class T, int D>
-__global__ void __launch_bounds__(D)
-combine_kernel(kit::Heads<T, D> s, const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
-               int splits, int batch) {
-  const int h = blockIdx.x % s.q_heads, i = (blockIdx.x / s.q_heads) % s.q_len, b = blockIdx.x / (s.q_heads * s.q_len);
-  const int c = threadIdx.x;
-  auto at = [&](int split) { return ((std::int64_t(split) * batch + b) * s.q_len + i) * s.q_heads + h; };
-  float M = -INFINITY;
-  for (int x = 0; x < splits; ++x) M = fmaxf(M, partial_lse[at(x)]);
-  float L = 0.f, O = 0.f;
-  if (M != -INFINITY) {
-    for (int x = 0; x < splits; ++x) {
-      const float w = exp2f(partial_lse[at(x)] - M);  // 0 for a split that saw no key of this row
-      L += w;
-      O += w * partial_o[at(x) * D + c];
-    }
-  }
-  s.o_head(b, h)[i * s.q_stride() + c] = kit::from_float<T>(L > 0.f ? O / L : 0.f);
-  if (s.LSE && c == 0) s.lse_head(b, h)[i] = L > 0.f ? (M + log2f(L)) * 0.69314718f : -INFINITY;  // ln 2
-}
-
-constexpr int kBlocksPerSM = 8;  ///< split blocks wanted per SM: several resident at a time, about two rounds
-
-/// How many splits each (head, batch) gets: about kBlocksPerSM split blocks per SM, no split shorter than
-/// kMinKeysPerSplit keys, at most kMaxSplits.
-int splits_for(const AttentionProblem& p, int multiprocessors) {
-  const std::int64_t work = std::int64_t(p.batch) * p.q_heads;
-  const std::int64_t wanted = std::int64_t(kBlocksPerSM) * multiprocessors;
-  const int by_work = int(std::min<std::int64_t>(kMaxSplits, (wanted + work - 1) / work));
-  const int by_length = std::max(1, p.kv_len / kMinKeysPerSplit);
+/// How many splits each (head, batch) gets: as many as fill the GPU in one wave. `slots` split blocks run at once
+/// (resident blocks per SM x SMs); with `work` blocks a split (here batch x q_heads), floor(slots / work) splits
+/// put every block in the first wave, each reading an equal share. No split shorter than kMinKeysPerSplit keys,
+/// at most kMaxSplits; with as much work as slots, or more, one split (and no combine).
+int splits_for(const AttentionProblem& p, std::int64_t work, int slots) {
+  const int by_work = int(std::min<std::int64_t>(kMaxSplits, slots / work));
+  const int by_length = p.kv_len / kMinKeysPerSplit;
   return std::clamp(std::min(by_work, by_length), 1, kMaxSplits);
 }
 
+/// The most split blocks an SM holds: as many as its threads allow (the launcher asks the GPU how many of the
+/// kernel's blocks fit, which is this or fewer).
+constexpr int kMaxResident = 2048 / kThreads;
+
 /// The workspace: the splits' partial O ([splits][batch][q_len][q_heads][D] floats), then their LSE
-/// ([splits][batch][q_len][q_heads] floats, log2 units).
+/// ([splits][batch][q_len][q_heads] floats, log2 units); sized for the most splits any launch takes.
 std::size_t workspace_bytes(const AttentionProblem& p) {
-  const std::size_t splits = std::size_t(splits_for(p, kit::device_multiprocessors()));
+  const std::int64_t work = std::int64_t(p.batch) * p.q_heads;
+  const std::size_t splits = std::size_t(splits_for(p, work, kMaxResident * kit::device_multiprocessors()));
   return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel
-/// (compiled for 1, 2, 4 or 8 rows: the least that holds q_len) and the combine.
+/// (compiled for 1, 2, 4 or 8 rows: the least that holds q_len) and, with more than one split, the combine.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
   kit::dispatch<Support>(p, t, "step 41", [&]<class T, int D>() {
-    const int splits = splits_for(p, kit::device_multiprocessors());
-    float* partial_o = static_cast<float*>(t.workspace);
-    float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
-    const auto heads = kit::heads<T, D>(p, t);
-    const dim3 grid(splits, p.q_heads, p.batch);
-    const float scale_log2 = p.softmax_scale() * 1.44269504f;  // exp(x) = 2^(x log2(e))
     auto split = [&](auto kernel) {
-      kit::launch(kernel, grid, kThreads, 0, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits,
-                  scale_log2);
+      const int slots = kit::resident_blocks(kernel, kThreads, 0) * kit::device_multiprocessors();
+      const int splits = splits_for(p, std::int64_t(p.batch) * p.q_heads, slots);
+      float* partial_o = static_cast<float*>(t.workspace);
+      float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
+      const auto heads = kit::heads<T, D>(p, t);
+      const float scale_log2 = p.softmax_scale() * 1.44269504f;  // exp(x) = 2^(x log2(e))
+      kit::launch(kernel, dim3(splits, p.q_heads, p.batch), kThreads, 0, stream, heads, kit::cache(p, t), partial_o,
+                  partial_lse, splits, scale_log2);
+      if (splits > 1)
+        kit::launch(decode::combine_kernel<T, D>, kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads), D, 0,
+                    stream, heads, partial_o, partial_lse, splits, p.batch);
     };
     if (p.q_len == 1) split(split_kernel<T, D, 1>);
     else if (p.q_len <= 2) split(split_kernel<T, D, 2>);
     else if (p.q_len <= 4) split(split_kernel<T, D, 4>);
     else split(split_kernel<T, D, 8>);
-    kit::launch(combine_kernel<T, D>, kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads), D, 0, stream, heads,
-                partial_o, partial_lse, splits, p.batch);
   });
 }
 

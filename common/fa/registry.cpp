@@ -62,6 +62,7 @@ namespace step39 { Launcher launcher(); }
 namespace step40 { Launcher launcher(); }
 namespace step41 { Launcher launcher(); }
 namespace step42 { Launcher launcher(); }
+namespace step43 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -203,6 +204,9 @@ const std::vector<StepInfo>& all_steps() {
       {"42", "", "gqa_packed_decode",
        "decode: the query heads of a GQA group share a block, so each split reads its keys once for all of them",
        step42::launcher()},
+      {"43", "", "pipelined_decode",
+       "decode: each thread keeps its next tiles of K and V on the way to shared memory (cp.async) while it computes",
+       step43::launcher()},
   };
   return steps;
 }

@@ -8,12 +8,12 @@
 // log-sum-exp. A second kernel merges the slices exactly: with LSE = log sum_s exp(LSE_s),
 // O = sum_s exp(LSE_s - LSE) O_s, the same identity the online softmax applies tile by tile. The number of
 // splits is chosen from the work (batch x query heads), the SM count and how many split blocks an SM holds, so
-// that the split kernel fills the GPU in one wave; where the work fills it without splitting, one split writes
-// O itself and no merge runs.
+// that the split kernel's blocks fill whole waves of the GPU; where the work does that without splitting, one
+// split writes O itself and no merge runs.
 //
 // The step takes the KV cache's per-sequence lengths and the bottom-right causal mask (q_len new tokens, up to
-// kMaxQueries), and refuses a paged cache (step 43 takes it). Each query head reads its KV head's keys on its own;
-// under GQA the group's heads read the same K and V again (step 42 packs them).
+// kMaxQueries), and refuses a paged cache (a later step takes it). Each query head reads its KV head's keys on its
+// own; under GQA the group's heads read the same K and V again (step 42 packs them).
 #include "41_split_kv_decode/split_kv.cuh"
 #include "fa/kit.cuh"
 
@@ -40,6 +40,7 @@ constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
 constexpr int kUnroll = 4;          ///< keys a lane group loads before it uses the first: bytes in flight
 constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
 constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
+constexpr int kMaxWaves = 4;           ///< the split rule weighs up to this many waves of blocks
 
 /// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V).
 template <int D> constexpr int kKeyLanes = D / 8;
@@ -187,14 +188,30 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
 }
 
-/// How many splits each (head, batch) gets: as many as fill the GPU in one wave. `slots` split blocks run at once
-/// (resident blocks per SM x SMs); with `work` blocks a split (here batch x q_heads), floor(slots / work) splits
-/// put every block in the first wave, each reading an equal share. No split shorter than kMinKeysPerSplit keys,
-/// at most kMaxSplits; with as much work as slots, or more, one split (and no combine).
+/// The most splits the rule below weighs: no split shorter than kMinKeysPerSplit keys, at most kMaxSplits, and no
+/// more than kMaxWaves waves of `slots` blocks with `work` blocks a split (batch x q_heads).
+int most_splits(const AttentionProblem& p, std::int64_t work, int slots) {
+  const std::int64_t by_waves = std::max<std::int64_t>(1, kMaxWaves * std::int64_t(slots) / work);
+  return int(std::clamp<std::int64_t>(std::min<std::int64_t>({by_waves, p.kv_len / kMinKeysPerSplit, kMaxSplits}), 1,
+                                      kMaxSplits));
+}
+
+/// How many splits each (head, batch) gets. `slots` split blocks run at once (resident blocks per SM x SMs). With s
+/// splits there are work x s blocks, waves = work x s / slots of them, and unless waves is whole the last wave
+/// leaves SMs idle while the others read: the fill of s is waves / ceil(waves). The rule takes the fewest splits
+/// whose fill is within 1 % of the best of 1 .. most_splits (where the work alone fills the GPU in even waves,
+/// one split, and no combine).
 int splits_for(const AttentionProblem& p, std::int64_t work, int slots) {
-  const int by_work = int(std::min<std::int64_t>(kMaxSplits, slots / work));
-  const int by_length = p.kv_len / kMinKeysPerSplit;
-  return std::clamp(std::min(by_work, by_length), 1, kMaxSplits);
+  const int most = most_splits(p, work, slots);
+  auto fill = [&](int s) {
+    const double waves = double(work) * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  int splits = 1;
+  while (fill(splits) < 0.99 * best) ++splits;
+  return splits;
 }
 
 /// The most split blocks an SM holds: as many as its threads allow (the launcher asks the GPU how many of the
@@ -205,7 +222,7 @@ constexpr int kMaxResident = 2048 / kThreads;
 /// ([splits][batch][q_len][q_heads] floats, log2 units); sized for the most splits any launch takes.
 std::size_t workspace_bytes(const AttentionProblem& p) {
   const std::int64_t work = std::int64_t(p.batch) * p.q_heads;
-  const std::size_t splits = std::size_t(splits_for(p, work, kMaxResident * kit::device_multiprocessors()));
+  const std::size_t splits = std::size_t(most_splits(p, work, kMaxResident * kit::device_multiprocessors()));
   return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 

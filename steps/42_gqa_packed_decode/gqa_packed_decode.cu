@@ -2,15 +2,15 @@
 //
 // Under grouped-query attention (GQA) q_heads / kv_heads query heads read the same K and V. Step 41 gives each
 // query head its own blocks, so each KV head's keys are read group times (4 times at 32/8 heads): the extra
-// reads mostly hit L2, but they cost L2 bandwidth and the SMs' load instructions, and step 41 reaches about half
-// of what the HBM could give at 32/8 heads, against nearly all of it without GQA. Here a block takes a KV head
+// reads mostly hit L2, but they cost L2 bandwidth and the SMs' load instructions: step 41 reads K and V at about
+// 1.5 TB/s at 32/8 heads, against 2.6 TB/s without GQA (the README's table). Here a block takes a KV head
 // and all of its group's query rows, the pairs (query head, new token): it reads each key once and scores it for
 // every row it holds. Rows are held in registers, at most kMaxRows a block; a group with more rows than that
 // (MQA, or many new tokens) is cut into chunks of kMaxRows, each chunk a block that reads the keys again. The
 // splits are counted from the blocks a split now has: batch x kv_heads x chunks.
 //
 // The step takes the KV cache's per-sequence lengths and the bottom-right causal mask (q_len new tokens, up to
-// kMaxQueries), and refuses a paged cache (step 43 takes it).
+// kMaxQueries), and refuses a paged cache (a later step takes it).
 #include "41_split_kv_decode/split_kv.cuh"
 #include "fa/kit.cuh"
 
@@ -37,6 +37,7 @@ constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
 constexpr int kUnroll = 4;          ///< keys a lane group loads before it uses the first: bytes in flight
 constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
 constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
+constexpr int kMaxWaves = 4;           ///< the split rule weighs up to this many waves of blocks
 constexpr int kMaxRows = 8;            ///< the most (query head, new token) rows a block holds in registers
 
 /// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V).
@@ -193,14 +194,30 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
 }
 
-/// How many splits each (KV head, chunk, batch) gets: as many as fill the GPU in one wave. `slots` split blocks
-/// run at once (resident blocks per SM x SMs); with `work` blocks a split (batch x kv_heads x chunks),
-/// floor(slots / work) splits put every block in the first wave, each reading an equal share. No split shorter than kMinKeysPerSplit keys,
-/// at most kMaxSplits; with as much work as slots, or more, one split (and no combine).
+/// The most splits the rule below weighs: no split shorter than kMinKeysPerSplit keys, at most kMaxSplits, and no
+/// more than kMaxWaves waves of `slots` blocks with `work` blocks a split (batch x kv_heads x chunks).
+int most_splits(const AttentionProblem& p, std::int64_t work, int slots) {
+  const std::int64_t by_waves = std::max<std::int64_t>(1, kMaxWaves * std::int64_t(slots) / work);
+  return int(std::clamp<std::int64_t>(std::min<std::int64_t>({by_waves, p.kv_len / kMinKeysPerSplit, kMaxSplits}), 1,
+                                      kMaxSplits));
+}
+
+/// How many splits each (KV head, chunk, batch) gets. `slots` split blocks run at once (resident blocks per SM x
+/// SMs). With s splits there are work x s blocks, waves = work x s / slots of them, and unless waves is whole the
+/// last wave leaves SMs idle while the others read: the fill of s is waves / ceil(waves). The rule takes the
+/// fewest splits whose fill is within 1 % of the best of 1 .. most_splits (where the work alone fills the GPU in
+/// even waves, one split, and no combine).
 int splits_for(const AttentionProblem& p, std::int64_t work, int slots) {
-  const int by_work = int(std::min<std::int64_t>(kMaxSplits, slots / work));
-  const int by_length = p.kv_len / kMinKeysPerSplit;
-  return std::clamp(std::min(by_work, by_length), 1, kMaxSplits);
+  const int most = most_splits(p, work, slots);
+  auto fill = [&](int s) {
+    const double waves = double(work) * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  int splits = 1;
+  while (fill(splits) < 0.99 * best) ++splits;
+  return splits;
 }
 
 /// The most split blocks an SM holds: as many as its threads allow (the launcher asks the GPU how many of the
@@ -212,7 +229,7 @@ constexpr int kMaxResident = 2048 / kThreads;
 /// fewest blocks a split: one chunk a KV head).
 std::size_t workspace_bytes(const AttentionProblem& p) {
   const std::int64_t work = std::int64_t(p.batch) * p.kv_heads;
-  const std::size_t splits = std::size_t(splits_for(p, work, kMaxResident * kit::device_multiprocessors()));
+  const std::size_t splits = std::size_t(most_splits(p, work, kMaxResident * kit::device_multiprocessors()));
   return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 

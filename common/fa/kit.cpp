@@ -94,6 +94,14 @@ KernelInfo& kernel_info(const void* kernel, int device) {
   return it->second;
 }
 
+/// Above 48 KiB of dynamic shared memory a kernel must opt in, per device: once, here. Call with g_mutex held.
+void opt_in(KernelInfo& info, const void* kernel, std::size_t shared_bytes) {
+  if (shared_bytes > info.opted_in) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    info.opted_in = shared_bytes;
+  }
+}
+
 }  // namespace
 
 void refuse_unsupported(const char* step, const AttentionProblem& p, const Launcher& supported) {
@@ -170,6 +178,8 @@ int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes) {
   const std::lock_guard<std::mutex> lock(g_mutex);
   KernelInfo& info = kernel_info(kernel, device);
   if (info.resident == 0 || info.resident_for != std::pair{threads, shared_bytes}) {
+    // Without the opt-in, the GPU counts 0 blocks of more than 48 KiB of dynamic shared memory.
+    opt_in(info, kernel, shared_bytes);
     int blocks = 0;
     FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
     info.resident = std::max(blocks, 1);
@@ -214,11 +224,7 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
     throw InvalidProblem(who() + ": needs " + std::to_string(total_shared) +
                          " bytes of shared memory per block; " + dev.name + " allows at most " +
                          std::to_string(dev.shared_optin));
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, per device: once here.
-  if (shared_bytes > info.opted_in) {
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-    info.opted_in = shared_bytes;
-  }
+  opt_in(info, kernel, shared_bytes);
 
   if (!g_probe) return true;
   if (!g_probed) {  // the first kernel a launcher launches is the one reported

@@ -6,7 +6,8 @@
 // copies of its own 16-byte pieces of the next kStages - 1 tiles with cp.async (step 10) into a ring of shared
 // memory, and computes on the oldest while they arrive. A thread reads back only what it copied itself, so waiting
 // for its own copies (cp.async.wait_group) is all the synchronization the ring needs: no barrier. The bytes in
-// flight no longer cost registers: kStages x 16 KiB a block at d = 128.
+// flight no longer cost registers: kStages x 16 KiB a block at d = 128, and one block an SM keeps three tiles,
+// 48 KiB, on the way, so the split rule counts one block an SM: fewer, longer splits.
 //
 // The step takes the KV cache's per-sequence lengths and the bottom-right causal mask (q_len new tokens, up to
 // kMaxQueries), and refuses a paged cache (a later step takes it).
@@ -36,6 +37,10 @@ struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<
 constexpr int kThreads = 128;       ///< threads of a split block: 4 warps
 constexpr int kUnroll = 4;          ///< keys of a lane group in one tile: a tile is kGroups x kUnroll keys
 constexpr int kStages = 4;          ///< tiles of the ring: kStages - 1 on the way while one is used
+/// Split blocks the split rule counts on an SM: one. Its ring keeps 3 tiles, 48 KiB at d = 128, on the way, and
+/// counting the 3 blocks that fit (more splits, each shorter) measured slower at three of the four decode shapes
+/// (the README's table).
+constexpr int kSplitBlocksPerSM = 1;
 constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
 constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
 constexpr int kMaxWaves = 4;           ///< the split rule weighs up to this many waves of blocks
@@ -246,8 +251,7 @@ int splits_for(const AttentionProblem& p, std::int64_t work, int slots) {
   return splits;
 }
 
-/// The most split blocks an SM holds: as many as its threads allow (the launcher asks the GPU how many of the
-/// kernel's blocks fit, with their rings, which is this or fewer).
+/// The most split blocks an SM holds: as many as its threads allow (the launcher counts kSplitBlocksPerSM).
 constexpr int kMaxResident = 2048 / kThreads;
 
 /// The workspace: the splits' partial O ([splits][batch][q_len][q_heads][D] floats), then their LSE
@@ -267,7 +271,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     auto split = [&](auto kernel, int rows_per_block) {
       const int chunks = kit::ceil_div(rows, rows_per_block);
-      const int slots = kit::resident_blocks(kernel, kThreads, kRingBytes) * kit::device_multiprocessors();
+      const int slots = kSplitBlocksPerSM * kit::device_multiprocessors();
       const int splits = splits_for(p, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
       float* partial_o = static_cast<float*>(t.workspace);
       float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();

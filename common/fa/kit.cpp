@@ -39,9 +39,8 @@ struct DeviceInfo {
 struct KernelInfo {
   cudaFuncAttributes attributes{};             ///< registers, static shared memory, max threads
   std::size_t opted_in = kDefaultSharedLimit;  ///< dynamic shared memory the kernel may use so far
-  /// resident_blocks' last answer, for blocks of `resident_for` (threads, dynamic shared bytes); 0: not asked.
-  int resident = 0;
-  std::pair<int, std::size_t> resident_for{0, 0};
+  int resident = 0;  ///< resident_blocks' last answer (blocks an SM holds); 0: not asked yet
+  std::pair<int, std::size_t> resident_for{0, 0};  ///< the block it answered for: threads, dynamic shared bytes
 };
 
 std::mutex g_mutex;                                           ///< guards the two caches below

@@ -89,12 +89,13 @@ std::string dtype_list(const StepInfo& s) {
 std::string head_dim_list(const StepInfo& s) {
   return join(s.head_dims, [](int d) { return std::to_string(d); });
 }
-/// " [KV cache: per-sequence lengths, pages]": the KV-cache forms a step takes, or "" for none.
+/// " [KV cache: per-sequence lengths, pages, q_len <= 8]": the KV-cache forms a step takes, or "" for none.
 std::string cache_note(const StepInfo& s) {
   std::vector<std::string> forms;
   if (s.cache_forms.kv_lens) forms.push_back("per-sequence lengths");
   if (s.cache_forms.paged) forms.push_back("pages");
   if (s.cache_forms.bottom_right) forms.push_back("bottom-right causal");
+  if (s.cache_forms.max_q_len > 0) forms.push_back("q_len <= " + std::to_string(s.cache_forms.max_q_len));
   return forms.empty() ? "" : " [KV cache: " + join(forms, [](const std::string& f) { return f; }) + "]";
 }
 }  // namespace

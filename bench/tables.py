@@ -12,9 +12,11 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # medians over alternating rounds (bench/hopper_rounds.sh)
     python3 bench/tables.py backward --csv out/bwd.csv [--steps 26,27] [--head-dim 128] [--suite backward]
                                                # the backward's steps against SDPA's flash and cuDNN and FA3
+    python3 bench/tables.py decode --csv docs/results/X.csv [--steps 41,42,43]
+                                               # the decode steps' TB/s against SDPA's flash and cuDNN
 
 It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader. Every table but
-`backward` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
+`backward` and `decode` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
 read the backward's instead); a CSV recorded before the `pass` column holds forward rows only.
 """
 from __future__ import annotations
@@ -279,10 +281,45 @@ def backward(rows, steps=(), head_dim=None, suite=None) -> str:
     return "\n".join(lines)
 
 
+def decode(rows, steps=(), suite=None) -> str:
+    """The decode table: per shape (B, kv_len, heads, d, dtype), each listed decode-pass step's (default: every
+    one in the rows) and each SDPA peer's effective bandwidth in TB/s (bytes of K and V read once over the time,
+    the CSV's gbps), medians over the rows of the shape (the rounds); then the fastest step, and its bandwidth
+    over cuDNN's (> 1: the step is faster)."""
+    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if suite is None or r["suite"] == suite]
+    peers = ["sdpa-flash", "sdpa-cudnn"]
+    steps = list(steps) or sorted({r["step"] for r in picked if not plots.is_peer(r) and r["step"] != "cublas"},
+                                  key=plots.order_key)
+    columns = steps + peers
+
+    def config(r):
+        return (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])
+
+    tbps: dict = {}
+    for r in picked:
+        if r["step"] in columns:
+            tbps.setdefault((config(r), r["step"]), []).append(r["gbps"] / 1000)
+    med = {k: _median(v) for k, v in tbps.items()}
+    head = ["B", "kv_len", "heads", "d", "dtype"] + [PEER_COLUMN.get(c, c) for c in columns] + ["best step", "/ cuDNN"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * 4 + "---|" + "---:|" * len(columns) + "---|---:|"]
+    for cfg in sorted({config(r) for r in picked}, key=lambda c: (-c[4], c[0] * c[1] != 65536, c[0], c[5])):
+        b, n, hq, hkv, d, dtype = cfg
+        ours = [(med[(cfg, s)], s) for s in steps if (cfg, s) in med]
+        best, best_step = max(ours) if ours else (None, "–")
+        ratio = f"{_fmt(best / med[(cfg, 'sdpa-cudnn')])}×" if best and (cfg, "sdpa-cudnn") in med else "–"
+        lines.append(f"| {b} | {n} | {hq}/{hkv} | {d} | {dtype} | "
+                     + " | ".join(_fmt(med.get((cfg, c))) for c in columns) + f" | {best_step} | {ratio} |")
+    rounds = sorted({r["suite"] for r in picked if r["suite"].startswith("round")})
+    lines.append("\nDecode (q_len = 1): TB/s of K and V read once, "
+                 + (f"medians of {len(rounds)} alternating rounds" if rounds else "medians over the rows of each shape")
+                 + "; / cuDNN: the fastest step's bandwidth over cuDNN's.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward"])
+    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode"])
     parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
     parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
     parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
@@ -303,6 +340,9 @@ def main(argv=None) -> int:
     steps = [s for s in args.steps.split(",") if s]
     if args.table == "backward":
         print(backward(plots.load(paths), steps, args.head_dim, args.suite))
+        return 0
+    if args.table == "decode":
+        print(decode(plots.load(paths), steps, args.suite))
         return 0
     rows = load(paths)
     if args.table == "times":

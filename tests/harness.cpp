@@ -60,6 +60,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // 160 query tiles of 128 rows, more than an H100's 132 SMs: a persistent grid's blocks take several
   // work tiles each, of five K/V tiles of 128 keys, and must start each afresh.
   shape("more query tiles than SMs, GQA 40/8", problem(2, 129, 600, 40, 8, d0));
+  // A few query rows over many keys: the size of a decode step (which takes at most a few new tokens).
+  shape("a few query rows over many keys", problem(2, 5, 700, 8, 2, d0));
   // The KV-cache forms (problem.hpp), run only by the steps that take them (supported_by): one query per sequence
   // over per-sequence lengths, a paged cache with its pages in a shuffled order, lengths no page or tile divides,
   // and q_len > 1 new tokens under the bottom-right causal mask, one sequence shorter than them (its first rows
@@ -84,11 +86,18 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
         problem(2, 4, 208, 8, 2, d0), {200, 3}, 16, true);
   cache("decode: 16411 keys and 9000 in one batch, GQA 8/2", problem(2, 1, 16411, 8, 2, d0), {16411, 9000}, 0,
         false);
+  cache("decode: MQA 16/1, per-sequence lengths", problem(3, 1, 700, 16, 1, d0), {700, 3, 350}, 0, false);
+  cache("speculative: 3 new tokens, bottom-right causal, contiguous, one sequence of 2 keys",
+        problem(3, 3, 500, 8, 2, d0), {500, 2, 129}, 0, true);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
     shape("another head_dim, MQA, q_len > kv_len", problem(1, 300, 129, 8, 1, d));
     shape("another head_dim, more query tiles than SMs", problem(2, 129, 300, 40, 8, d));
+    cache("another head_dim: decode over per-sequence lengths, GQA 32/8", problem(4, 1, 1000, 32, 8, d),
+          {1000, 1, 333, 517}, 0, false);
+    cache("another head_dim: speculative, 5 new tokens, bottom-right causal, paged (64)", problem(2, 5, 1024, 8, 2, d),
+          {1000, 4}, 64, true);
   }
   // Only the head_dims asked for.
   out.erase(std::remove_if(out.begin(), out.end(),
@@ -119,11 +128,18 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
     if (d2 == d) continue;
     stress("another head_dim: logits of standard deviation 10", problem(2, 300, 300, 4, 2, d2), InputKind::wide_10);
     stress("another head_dim: kv_len = 4099", problem(1, 130, 4099, 2, 1, d2), InputKind::uniform, false);
+    stress("another head_dim: decode over 16411 keys", problem(2, 1, 16411, 4, 2, d2), InputKind::uniform, false);
   }
   // Long sequences, asserted. Under top-left causal masking a row i sees i + 1 keys, so a long key
   // sequence with few query rows is tested without the mask, and the mask on a long square.
   stress("kv_len = 16411", problem(1, 130, 16411, 2, 1, d), InputKind::uniform, false);
   stress("decode: q_len = 1 over 16411 keys", problem(2, 1, 16411, 4, 2, d), InputKind::uniform, false);
+  // Decode's splits each see their own maximum: wide logits and one dominant key across many splits.
+  const std::size_t before_decode = out.size();
+  stress("decode: logits of standard deviation 30 over 5000 keys", problem(3, 1, 5000, 8, 2, d), InputKind::wide_30,
+         false);
+  stress("decode: one key of 3000 dominates", problem(2, 1, 3000, 4, 2, d), InputKind::dominant_key, false);
+  for (std::size_t i = before_decode; i < out.size(); ++i) out[i].forward_only = true;
   for (DType dtype : dtypes) {  // the causal square, once per dtype
     AttentionProblem p = problem(1, 4099, 4099, 2, 1, d);
     p.causal = true, p.dtype = dtype;
@@ -136,7 +152,7 @@ std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vect
                                Pass pass) {
   std::vector<Case> cases = shape_cases(dtypes, head_dims, max_len);
   for (const Case& c : stress_cases(dtypes, head_dims, max_len))
-    if (!(pass == Pass::backward && c.kind == InputKind::dominant_key)) cases.push_back(c);
+    if (!(pass == Pass::backward && (c.kind == InputKind::dominant_key || c.forward_only))) cases.push_back(c);
   return cases;
 }
 

@@ -106,7 +106,8 @@ TEST_CASE("attention stays right on inputs that stress the numerics", "[gpu][att
 
 TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][attention]") {
   // Two runs on the same inputs agree bit for bit, and changing one key changes
-  // the rows that see it and no others (a causal row before it stays put).
+  // the rows that see it and no others (a causal row before it stays put). A decode step (a few new
+  // tokens, max_q_len) meets its own form: its q_len rows at the end of 70 keys, the mask bottom-right.
   FA_REQUIRE_GPU();
   for (const StepInfo* step : under_test()) {
     if (!test::runs_here(*step)) continue;
@@ -114,17 +115,22 @@ TEST_CASE("attention is deterministic and uses only its own inputs", "[gpu][atte
       AttentionProblem p;
       p.batch = 1, p.q_len = 70, p.kv_len = 70, p.q_heads = 2, p.kv_heads = 1;
       p.head_dim = step->head_dims.front(), p.causal = true, p.dtype = dtype;
+      if (step->cache_forms.max_q_len > 0 && step->cache_forms.bottom_right)
+        p.q_len = step->cache_forms.max_q_len, p.causal_align = CausalAlign::bottom_right;
+      REQUIRE(step->supports(p));
       const std::uint64_t seed = fresh_seed();
       INFO("step " << step->label() << " " << p.describe() << " seed=" << seed);
       AttentionInputs inputs = random_inputs(p, seed);
       const HostTensor first = run_step(*step, p, inputs);
       CHECK(run_step(*step, p, inputs).bytes == first.bytes);
 
-      const int changed_key = 40;
+      // Query row i sees keys up to kv_len - q_len + i (up to i when q_len = kv_len): the rows from
+      // first_row on see the changed key, those before it do not.
+      const int first_row = p.q_len * 4 / 7, changed_key = p.kv_len - p.q_len + first_row;
       for (int c = 0; c < p.head_dim; ++c) inputs.v.set(changed_key * p.head_dim + c, 5.0);
       const HostTensor second = run_step(*step, p, inputs);
       const std::int64_t row_elems = std::int64_t(p.q_heads) * p.head_dim;
-      const std::size_t bytes_before = std::size_t(changed_key * row_elems) * size_of(dtype);
+      const std::size_t bytes_before = std::size_t(first_row * row_elems) * size_of(dtype);
       CHECK(std::equal(first.bytes.begin(), first.bytes.begin() + bytes_before, second.bytes.begin()));
       CHECK_FALSE(std::equal(first.bytes.begin() + bytes_before, first.bytes.end(), second.bytes.begin() + bytes_before));
     }

@@ -158,6 +158,14 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
         CHECK_THROWS_WITH(step->launch(bottom_right, null_tensors, nullptr),
                           Contains("causal_align = bottom-right is not supported"));
       }
+      if (step->cache_forms.max_q_len > 0) {  // a decode step: a few new tokens per sequence, no more
+        auto long_queries = good;
+        long_queries.q_len = step->cache_forms.max_q_len + 1;
+        CHECK_FALSE(step->supports(long_queries));
+        CHECK_THROWS_WITH(step->launch(long_queries, null_tensors, nullptr),
+                          Contains("q_len = " + std::to_string(long_queries.q_len) + " is not supported") &&
+                              Contains("1 .. " + std::to_string(step->cache_forms.max_q_len)));
+      }
     }
   }
 }

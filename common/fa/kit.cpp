@@ -39,6 +39,8 @@ struct DeviceInfo {
 struct KernelInfo {
   cudaFuncAttributes attributes{};             ///< registers, static shared memory, max threads
   std::size_t opted_in = kDefaultSharedLimit;  ///< dynamic shared memory the kernel may use so far
+  int resident = 0;  ///< resident_blocks' last answer (blocks an SM holds); 0: not asked yet
+  std::pair<int, std::size_t> resident_for{0, 0};  ///< the block it answered for: threads, dynamic shared bytes
 };
 
 std::mutex g_mutex;                                           ///< guards the two caches below
@@ -82,6 +84,21 @@ std::string who() {
 /// "16 x 8 x 4".
 std::string dims(dim3 d) {
   return std::to_string(d.x) + " x " + std::to_string(d.y) + " x " + std::to_string(d.z);
+}
+
+/// What is known of `kernel` on `device`, its attributes asked at first use. Call with g_mutex held.
+KernelInfo& kernel_info(const void* kernel, int device) {
+  auto [it, first_use] = g_kernels.try_emplace({kernel, device});
+  if (first_use) FA_CUDA_CHECK(cudaFuncGetAttributes(&it->second.attributes, kernel));
+  return it->second;
+}
+
+/// Above 48 KiB of dynamic shared memory a kernel must opt in, per device: once, here. Call with g_mutex held.
+void opt_in(KernelInfo& info, const void* kernel, std::size_t shared_bytes) {
+  if (shared_bytes > info.opted_in) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    info.opted_in = shared_bytes;
+  }
 }
 
 }  // namespace
@@ -155,6 +172,21 @@ int device_multiprocessors() {
   return device_info(device).multiprocessors;
 }
 
+int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes) {
+  const int device = current_device();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  KernelInfo& info = kernel_info(kernel, device);
+  if (info.resident == 0 || info.resident_for != std::pair{threads, shared_bytes}) {
+    // Without the opt-in, the GPU counts 0 blocks of more than 48 KiB of dynamic shared memory.
+    opt_in(info, kernel, shared_bytes);
+    int blocks = 0;
+    FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+    info.resident = std::max(blocks, 1);
+    info.resident_for = {threads, shared_bytes};
+  }
+  return info.resident;
+}
+
 void check_arch(const char* step, int device, int min_arch, bool arch_specific) {
   if (arch_specific && device != min_arch)
     throw_unsupported(step, "GPU architecture", arch_name(device),
@@ -181,9 +213,7 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
   const DeviceInfo& dev = device_info(device);
   if (g_scope) check_arch(g_scope->step, dev.arch, g_scope->min_arch, g_scope->arch_specific);
 
-  auto [it, first_use] = g_kernels.try_emplace({kernel, device});
-  KernelInfo& info = it->second;
-  if (first_use) FA_CUDA_CHECK(cudaFuncGetAttributes(&info.attributes, kernel));
+  KernelInfo& info = kernel_info(kernel, device);
   if (threads > unsigned(info.attributes.maxThreadsPerBlock))
     throw InvalidProblem(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
                          std::to_string(info.attributes.numRegs) + " registers per thread) allows at most " +
@@ -193,11 +223,7 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
     throw InvalidProblem(who() + ": needs " + std::to_string(total_shared) +
                          " bytes of shared memory per block; " + dev.name + " allows at most " +
                          std::to_string(dev.shared_optin));
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, per device: once here.
-  if (shared_bytes > info.opted_in) {
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-    info.opted_in = shared_bytes;
-  }
+  opt_in(info, kernel, shared_bytes);
 
   if (!g_probe) return true;
   if (!g_probed) {  // the first kernel a launcher launches is the one reported

@@ -159,6 +159,24 @@ Grads<T, D> grads(const AttentionProblem& p, const AttentionTensors& t) {
           static_cast<T*>(t.dv)};
 }
 
+/// A KV cache's forms as a decode kernel reads them (problem.hpp): each sequence's length, its page table, and
+/// where the causal mask's diagonal sits. Passed by value beside Heads.
+struct Cache {
+  const int* kv_lens;     ///< int32 [batch]: each sequence's keys; nullptr: every sequence has kv_len
+  const int* page_table;  ///< int32 [batch, kv_len / page_size]: each sequence's pages; nullptr: contiguous
+  int kv_len;             ///< the cache's capacity per sequence
+  int page_size;          ///< tokens per page (0: K and V contiguous)
+  bool bottom_right;      ///< with the causal mask: aligned to each sequence's end
+
+  /// Keys of sequence b.
+  __device__ int len(int b) const { return kv_lens ? kv_lens[b] : kv_len; }
+};
+
+/// The cache view of problem p on tensors t.
+inline Cache cache(const AttentionProblem& p, const AttentionTensors& t) {
+  return {t.kv_lens, t.page_table, p.kv_len, p.page_size, p.causal && p.causal_align == CausalAlign::bottom_right};
+}
+
 /// a / b rounded up: how many tiles of b cover a.
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -230,6 +248,13 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared
   if (!prepare_launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes)) return;
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   FA_CHECK_LAUNCH();
+}
+
+/// How many blocks of `kernel` one SM holds at once, for blocks of `threads` threads and `shared_bytes` of dynamic
+/// shared memory (kit.hpp's resident_blocks).
+template <class... Params>
+int resident_blocks(void (*kernel)(Params...), int threads, std::size_t shared_bytes) {
+  return resident_blocks(reinterpret_cast<const void*>(kernel), threads, shared_bytes);
 }
 
 /// @cond

@@ -53,6 +53,11 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
 /// launching. Needs a device; launches nothing. Throws InvalidProblem where the launcher would.
 KernelResources resources(LaunchFn launch, const AttentionProblem& p);
 
+/// How many blocks of `kernel` (of `threads` threads and `shared_bytes` of dynamic shared memory) one SM of the
+/// current device holds at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor; at least 1): with
+/// device_multiprocessors(), the blocks of one full wave. Asked once per kernel, block and device.
+int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes);
+
 /// Compute capability of the current device, as 10 * major + minor (90 for an H100).
 int device_arch();
 /// Streaming multiprocessors of the current device (132 on an H100 SXM): a persistent grid's size.

@@ -28,10 +28,7 @@ const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : 
 const char* to_string(CausalAlign align) { return align == CausalAlign::bottom_right ? "bottom-right" : "top-left"; }
 
 int AttentionProblem::keys_seen(int b, int i) const {
-  const int len = kv_len_of(b);
-  if (!causal) return len;
-  const int last = causal_align == CausalAlign::bottom_right ? len - q_len + i : i;  // the last key row i sees
-  return std::clamp(last + 1, 0, len);
+  return keys_seen_in(kv_len_of(b), q_len, i, causal, causal_align == CausalAlign::bottom_right);
 }
 
 double AttentionProblem::kv_bytes() const {
@@ -127,7 +124,8 @@ void validate(const AttentionProblem& p) {
 
 bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes) {
   return (p.kv_lens.empty() || takes.kv_lens) && (!p.paged() || takes.paged) &&
-         (!(p.causal && p.causal_align == CausalAlign::bottom_right) || takes.bottom_right);
+         (!(p.causal && p.causal_align == CausalAlign::bottom_right) || takes.bottom_right) &&
+         (takes.max_q_len == 0 || p.q_len <= takes.max_q_len);
 }
 
 void refuse_cache_forms(const char* step, const AttentionProblem& p, const CacheForms& takes) {
@@ -140,6 +138,10 @@ void refuse_cache_forms(const char* step, const AttentionProblem& p, const Cache
                       "0 (K and V contiguous, [batch, kv_len, kv_heads, head_dim])" + others);
   if (p.causal && p.causal_align == CausalAlign::bottom_right && !takes.bottom_right)
     throw_unsupported(step, "causal_align", to_string(p.causal_align), "top-left" + others);
+  if (takes.max_q_len > 0 && p.q_len > takes.max_q_len)
+    throw_unsupported(step, "q_len", std::to_string(p.q_len),
+                      "1 .. " + std::to_string(takes.max_q_len) +
+                          " new tokens per sequence (a decode step; the forward steps take long query sequences)");
 }
 
 void throw_unsupported(const char* step, const char* field, const std::string& value,

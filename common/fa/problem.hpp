@@ -55,6 +55,21 @@ enum class CausalAlign {
 /// "top-left" or "bottom-right".
 const char* to_string(CausalAlign align);
 
+/// FA_HOST_DEVICE: a function both compilers build, for the host and (under nvcc) the device.
+#ifdef __CUDACC__
+#define FA_HOST_DEVICE __host__ __device__
+#else
+#define FA_HOST_DEVICE
+#endif
+/// How many keys (0 .. len, keys 0 .. keys_seen - 1) query row i of q_len rows sees in a sequence of len keys:
+/// all of them without the mask; with it keys j <= i (top-left) or j <= len - q_len + i (bottom-right). The one
+/// rule the reference (AttentionProblem::keys_seen) and the decode kernels (kit::Cache) both follow.
+FA_HOST_DEVICE constexpr int keys_seen_in(int len, int q_len, int i, bool causal, bool bottom_right) {
+  if (!causal) return len;
+  const int seen = (bottom_right ? len - q_len + i : i) + 1;
+  return seen < 0 ? 0 : seen > len ? len : seen;
+}
+
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
   int batch = 1;               ///< B: independent sequences
@@ -116,13 +131,17 @@ struct CacheForms {
   bool kv_lens = false;       ///< per-sequence K/V lengths
   bool paged = false;         ///< a paged K/V cache
   bool bottom_right = false;  ///< bottom-right causal alignment
+  /// The most query rows (new tokens) per sequence it takes; 0: any. A decode step's kernel holds a few rows of
+  /// queries in registers and refuses more (the forward steps take long query sequences).
+  int max_q_len = 0;
 };
 
-/// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none).
+/// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none) and
+/// has no more query rows than it takes.
 bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>") for the first
-/// KV-cache form p uses that `takes` lacks; returns when it uses none.
+/// KV-cache form p uses that `takes` lacks, or for a q_len above its max_q_len; returns when there is none.
 void refuse_cache_forms(const char* step, const AttentionProblem& p, const CacheForms& takes);
 
 /// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>").

@@ -60,6 +60,9 @@ namespace step37 { Launcher launcher(); }
 namespace step38 { Launcher launcher(); }
 namespace step39 { Launcher launcher(); }
 namespace step40 { Launcher launcher(); }
+namespace step41 { Launcher launcher(); }
+namespace step42 { Launcher launcher(); }
+namespace step43 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -195,6 +198,15 @@ const std::vector<StepInfo>& all_steps() {
       {"40", "", "warp_specialized_backward",
        "a producer warpgroup loads Q, dO, LSE and D and hands dQ to the copy engine; the consumers meet only at dS^T",
        step40::launcher()},
+      {"41", "", "split_kv_decode",
+       "decode: each sequence's keys split among blocks, each writing a partial O and its LSE; a second kernel merges them",
+       step41::launcher()},
+      {"42", "", "gqa_packed_decode",
+       "decode: the query heads of a GQA group share a block, so each split reads its keys once for all of them",
+       step42::launcher()},
+      {"43", "", "pipelined_decode",
+       "decode: each thread keeps its next tiles of K and V on the way to shared memory (cp.async) while it computes",
+       step43::launcher()},
   };
   return steps;
 }

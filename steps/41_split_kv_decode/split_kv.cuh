@@ -1,10 +1,11 @@
 /// @file split_kv.cuh
 /// @brief Step 41's pieces of split-KV decoding that the later decode steps include: 16-byte loads unpacked to
-/// floats, and the combine kernel that merges the splits' partial O with their log-sum-exp weights.
+/// floats, the split rule, and the combine kernel that merges the splits' partial O with their log-sum-exp weights.
 #pragma once
 
 #include "fa/kit.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -17,6 +18,40 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) out[e] = kit::to_float(x[e]);
 }
+
+/// @name The split rule (host)
+/// How many splits each (head, batch) of a decode step gets, chosen from the work and the GPU.
+///@{
+constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
+constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
+constexpr int kMaxWaves = 4;           ///< the split rule weighs up to this many waves of blocks
+
+/// The most splits the rule below weighs: no split shorter than kMinKeysPerSplit keys, at most kMaxSplits, and no
+/// more than kMaxWaves waves of `slots` blocks with `work` blocks a split.
+inline int most_splits(int kv_len, std::int64_t work, int slots) {
+  const std::int64_t by_waves = std::max<std::int64_t>(1, kMaxWaves * std::int64_t(slots) / work);
+  return int(std::clamp<std::int64_t>(std::min<std::int64_t>({by_waves, kv_len / kMinKeysPerSplit, kMaxSplits}), 1,
+                                      kMaxSplits));
+}
+
+/// How many splits each (head, batch) gets. `slots` split blocks run at once (resident blocks per SM x SMs), and a
+/// split has `work` blocks (step 41: batch x q_heads). With s splits there are work x s blocks,
+/// waves = work x s / slots of them, and unless waves is whole the last wave leaves SMs idle while the others read:
+/// the fill of s is waves / ceil(waves). The rule takes the fewest splits whose fill is within 1 % of the best of
+/// 1 .. most_splits (where the work alone fills the GPU in even waves, one split, and no combine).
+inline int splits_for(int kv_len, std::int64_t work, int slots) {
+  const int most = most_splits(kv_len, work, slots);
+  auto fill = [&](int s) {
+    const double waves = double(work) * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  int splits = 1;
+  while (fill(splits) < 0.99 * best) ++splits;
+  return splits;
+}
+///@}
 
 /// One block per output row (b, i, h), one thread per column: the splits' partials merged with their
 /// log-sum-exp weights, O in the tensor's type and, when asked for, LSE (natural log). A row no split saw a key

@@ -41,9 +41,6 @@ constexpr int kStages = 4;          ///< tiles of the ring: kStages - 1 on the w
 /// counting the 3 blocks that fit (more splits, each shorter) measured slower at three of the four decode shapes
 /// (the README's table).
 constexpr int kSplitBlocksPerSM = 1;
-constexpr int kMinKeysPerSplit = 256;  ///< no split reads fewer keys than this (the merge is not free)
-constexpr int kMaxSplits = 128;        ///< the most splits of one (head, batch)
-constexpr int kMaxWaves = 4;           ///< the split rule weighs up to this many waves of blocks
 constexpr int kMaxRows = 8;            ///< the most (query head, new token) rows a block holds in registers
 
 /// Lanes that share one key: each holds 8 of its D elements (16 bytes of K, 16 of V).
@@ -225,32 +222,6 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
 }
 
-/// The most splits the rule below weighs: no split shorter than kMinKeysPerSplit keys, at most kMaxSplits, and no
-/// more than kMaxWaves waves of `slots` blocks with `work` blocks a split (batch x kv_heads x chunks).
-int most_splits(const AttentionProblem& p, std::int64_t work, int slots) {
-  const std::int64_t by_waves = std::max<std::int64_t>(1, kMaxWaves * std::int64_t(slots) / work);
-  return int(std::clamp<std::int64_t>(std::min<std::int64_t>({by_waves, p.kv_len / kMinKeysPerSplit, kMaxSplits}), 1,
-                                      kMaxSplits));
-}
-
-/// How many splits each (KV head, chunk, batch) gets. `slots` split blocks run at once (resident blocks per SM x
-/// SMs). With s splits there are work x s blocks, waves = work x s / slots of them, and unless waves is whole the
-/// last wave leaves SMs idle while the others read: the fill of s is waves / ceil(waves). The rule takes the
-/// fewest splits whose fill is within 1 % of the best of 1 .. most_splits (where the work alone fills the GPU in
-/// even waves, one split, and no combine).
-int splits_for(const AttentionProblem& p, std::int64_t work, int slots) {
-  const int most = most_splits(p, work, slots);
-  auto fill = [&](int s) {
-    const double waves = double(work) * s / slots;
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
-  int splits = 1;
-  while (fill(splits) < 0.99 * best) ++splits;
-  return splits;
-}
-
 /// The most split blocks an SM holds: as many as its threads allow (the launcher counts kSplitBlocksPerSM).
 constexpr int kMaxResident = 2048 / kThreads;
 
@@ -259,7 +230,8 @@ constexpr int kMaxResident = 2048 / kThreads;
 /// fewest blocks a split: one chunk a KV head).
 std::size_t workspace_bytes(const AttentionProblem& p) {
   const std::int64_t work = std::int64_t(p.batch) * p.kv_heads;
-  const std::size_t splits = std::size_t(most_splits(p, work, kMaxResident * kit::device_multiprocessors()));
+  const int slots = kMaxResident * kit::device_multiprocessors();
+  const std::size_t splits = std::size_t(decode::most_splits(p.kv_len, work, slots));
   return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 
@@ -272,7 +244,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     auto split = [&](auto kernel, int rows_per_block) {
       const int chunks = kit::ceil_div(rows, rows_per_block);
       const int slots = kSplitBlocksPerSM * kit::device_multiprocessors();
-      const int splits = splits_for(p, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
+      const int splits = decode::splits_for(p.kv_len, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
       float* partial_o = static_cast<float*>(t.workspace);
       float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
       const auto heads = kit::heads<T, D>(p, t);

@@ -592,6 +592,10 @@ int run(int argc, char** argv) {
       if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
       if (!step->supports(p.dtype)) { skip(std::string("does not support ") + to_string(p.dtype)); continue; }
       if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
+      if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): a decode step takes a few new tokens
+        skip("takes at most " + std::to_string(step->cache_forms.max_q_len) + " new tokens (q_len) a sequence");
+        continue;
+      }
       if (pass == Pass::backward && !no_backward.empty()) { skip(no_backward); continue; }
       if (auto it = last_measured.find(step); it != last_measured.end()) {
         const double predicted = it->second.first * p.flops(pass) / it->second.second;

@@ -6,8 +6,7 @@
 // gives each sequence a page table: its key j lives in page page_table[b][j / page_size], at row j % page_size.
 // Pages are handed out as a sequence grows and returned when it ends, in any order. The kernel is step 43's; only
 // where a key's row comes from changes: the row in the pool, looked up in the table, in place of b x kv_len + j.
-// Finding a row costs a load (the key's page-table entry) whose answer the row's copy waits for; the step reads
-// each tile's entries one tile ahead, while the tile before is used.
+// A tile of a lane group's keys spans at most two pages at page_size >= 64, so the table's entries stay in L1.
 //
 // The step takes the KV cache's per-sequence lengths, pages of any size, and the bottom-right causal mask (q_len new
 // tokens, up to kMaxQueries).
@@ -109,12 +108,9 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const T* v_rows = s.V + kv_h * D + 8 * lane;
   const int stride = s.kv_stride();
   const int* pages = cache.page_table ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size) : nullptr;
-  // Key j's page: its entry of the page table (0 past the slice or without pages). A load whose answer the
-  // copies of key j need: start_tile reads the entries one tile ahead of the copies that use them.
-  auto page_of = [&](int j) { return pages && j < last ? pages[j / cache.page_size] : 0; };
-  auto row_of = [&](int j, int page) -> std::int64_t {
+  auto row_of = [&](int j) -> std::int64_t {
     if (!pages) return std::int64_t(b) * cache.kv_len + j;
-    return std::int64_t(page) * cache.page_size + j % cache.page_size;
+    return std::int64_t(pages[j / cache.page_size]) * cache.page_size + j % cache.page_size;
   };
   // This thread's piece (stage, u, K or V) of the ring, at ring + ((stage x kUnroll + u) x 2 + kv) x kThreads.
   extern __shared__ uint4 ring[];
@@ -123,24 +119,17 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   };
   constexpr int kTileKeys = kG * kUnroll;
   const int tiles = kit::ceil_div(last - first, kTileKeys);
-  // The pages of this thread's kUnroll keys in the next tile start_tile copies (tile 0 first).
-  int page[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) page[u] = page_of(first + u * kG + g);
   // Starts the copies of tile t's pieces of this thread into stage t % kStages, as one commit group (empty past
-  // the last tile, so that every iteration below counts the same number of groups), then reads the pages of
-  // tile t + 1 (called for t = 0, 1, 2, .. in order): their load is on the way while tile t - kStages + 1 is
-  // used, not in front of tile t + 1's copies. A key past the slice is filled with zeros, read from nowhere,
-  // and skipped after its shuffle.
+  // the last tile, so that every iteration below counts the same number of groups). A key past the slice is
+  // filled with zeros, read from nowhere, and skipped after its shuffle.
   auto start_tile = [&](int t) {
     if (t < tiles) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int j = first + t * kTileKeys + u * kG + g;
-        const std::int64_t at = j < last ? row_of(j, page[u]) * stride : 0;
+        const std::int64_t at = j < last ? row_of(j) * stride : 0;
         tc::cp_async_16(tc::shared_address(piece(t % kStages, u, 0)), k_rows + at, j < last ? 16 : 0);
         tc::cp_async_16(tc::shared_address(piece(t % kStages, u, 1)), v_rows + at, j < last ? 16 : 0);
-        page[u] = page_of(j + kTileKeys);
       }
     }
     tc::cp_async_commit();

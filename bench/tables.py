@@ -321,13 +321,13 @@ def decode(rows, steps=(), suite=None) -> str:
 def pages(rows, steps=()) -> str:
     """The paged cache against the contiguous one: per variant (the step as it is first, then each ablation's) and
     shape (B, kv_len, heads, d, dtype), a decode step's TB/s over the contiguous cache (suite `decode`) and over each
-    page size (suites `decode-pages<N>`, fa-bench --page-size N), medians over the rows of each; then the smallest
-    page's bandwidth over the contiguous cache's."""
+    page size (suites `decode-pages<N>`, fa-bench --page-size N), medians over the rows of each (alternating rounds
+    relabelled `round<k>` and `round<k>-pages<N>`); then the smallest page's bandwidth over the contiguous cache's."""
     picked = [r for r in plots.select(rows, **{"pass": "decode"})
-              if r["suite"].startswith("decode") and (not steps or r["step"] in steps)]
+              if r["suite"].startswith(("decode", "round")) and (not steps or r["step"] in steps)]
 
     def page_size(suite):
-        return int(suite[len("decode-pages"):]) if suite.startswith("decode-pages") else 0
+        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
 
     def config(r):
         return (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])

@@ -64,6 +64,10 @@ const char* kHelp = R"(usage: fa-bench [options]
                                         PCIe, end to end, n x n for n = 1024 ... 16384; its own table and
                                         CSV (--csv, default fa-bench-trace.csv); other options do not apply
   --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite (forward and backward steps)
+  --page-size N                         K and V as a paged cache, pages of N tokens in a shuffled order (as
+                                        fa-run --random --page-size): only the steps that take pages are
+                                        timed (--list); the suite column says decode-pages<N>. kv_len must
+                                        be a multiple of N
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
@@ -161,15 +165,27 @@ struct InputSets {
   std::vector<DeviceBuffer> q, k, v, o;
   std::vector<DeviceBuffer> o_in, lse, d_o, dq, dk, dv;  ///< the backward's, empty until add_backward
   DeviceBuffer workspace;
+  DeviceBuffer page_table;  ///< a paged problem's page table (every set's pools share its order)
+  /// A paged problem's K and V go up as page pools, each sequence's pages in DeviceAttention's shuffled order.
   InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
+    std::vector<int> table;
+    HostTensor k_pool, v_pool;
+    if (p.paged()) {
+      table = shuffled_page_table(p, DeviceAttention::kPageSeed);
+      k_pool = to_pages(p, in.k, table), v_pool = to_pages(p, in.v, table);
+      page_table = DeviceBuffer(table.size() * sizeof(int));
+      page_table.upload(table.data(), table.size() * sizeof(int));
+    }
+    const HostTensor& k_in = p.paged() ? k_pool : in.k;
+    const HostTensor& v_in = p.paged() ? v_pool : in.v;
     for (int c = 0; c < copies; ++c) {
       q.emplace_back(in.q.byte_size());
-      k.emplace_back(in.k.byte_size());
-      v.emplace_back(in.v.byte_size());
+      k.emplace_back(k_in.byte_size());
+      v.emplace_back(v_in.byte_size());
       o.emplace_back(std::size_t(p.q_elements()) * size_of(p.dtype));
       q.back().upload(in.q.bytes.data(), in.q.byte_size());
-      k.back().upload(in.k.bytes.data(), in.k.byte_size());
-      v.back().upload(in.v.bytes.data(), in.v.byte_size());
+      k.back().upload(k_in.bytes.data(), k_in.byte_size());
+      v.back().upload(v_in.bytes.data(), v_in.byte_size());
     }
   }
   /// Uploads a backward call's inputs into the first `copies` sets (at most as many as there are) and
@@ -192,7 +208,11 @@ struct InputSets {
   int copies(Pass pass) const { return int(pass == Pass::backward ? dq.size() : q.size()); }
   /// The pointers of set c for a step of `pass`.
   AttentionTensors tensors(int c, Pass pass) const {
-    if (pass == Pass::forward) return {q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
+    if (pass == Pass::forward) {
+      AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
+      t.page_table = page_table.as<int>();
+      return t;
+    }
     AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o_in[c].get(), workspace.get()};
     t.lse = lse[c].as<float>();
     t.d_o = d_o[c].get(), t.dq = dq[c].get(), t.dk = dk[c].get(), t.dv = dv[c].get();
@@ -451,7 +471,8 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
 
 int run(int argc, char** argv) {
   const Args args(argc, argv,
-                  {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed"},
+                  {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed",
+                   "page-size"},
                   {"help", "no-baseline", "resources", "list"});
   if (args.has("help")) {
     std::cout << kHelp;
@@ -490,6 +511,15 @@ int run(int argc, char** argv) {
   const int reps = int(args.get_number("reps", 0));
   const int sample_rows = int(args.get_number("sample-rows", 64));
   const auto seed = std::uint64_t(args.get_number("seed", 1));
+  const int page_size = int(args.get_number("page-size", 0));
+  if (page_size < 0) throw std::invalid_argument("--page-size must be a number of tokens, 1 or more");
+  if (page_size > 0)
+    for (Shape& shape : shapes) {
+      if (shape.kv_len % page_size != 0)
+        throw std::invalid_argument("--page-size " + std::to_string(page_size) + " does not divide kv_len " +
+                                    std::to_string(shape.kv_len) + " of a " + shape.suite + " shape");
+      shape.suite += "-pages" + std::to_string(page_size);
+    }
   const std::string csv_path = args.get("csv", "fa-bench.csv");
   auto of_pass = [](Pass pass) { return [pass](const StepInfo* s) { return s->pass == pass; }; };
   // The cuBLAS baseline is a forward: it is timed where forward steps are.
@@ -543,6 +573,7 @@ int run(int argc, char** argv) {
     p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
     p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
     p.causal = planned.causal, p.dtype = planned.dtype;
+    if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size);
     validate(p);
     const std::uint64_t config_seed = seed + planned.index;
 
@@ -592,8 +623,10 @@ int run(int argc, char** argv) {
       if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
       if (!step->supports(p.dtype)) { skip(std::string("does not support ") + to_string(p.dtype)); continue; }
       if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
-      if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): a decode step takes a few new tokens
-        skip("takes at most " + std::to_string(step->cache_forms.max_q_len) + " new tokens (q_len) a sequence");
+      if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): pages, or a decode step's few new tokens
+        const int most = step->cache_forms.max_q_len;
+        skip(most > 0 && p.q_len > most ? "takes at most " + std::to_string(most) + " new tokens (q_len) a sequence"
+                                        : std::string("does not take a paged cache"));
         continue;
       }
       if (pass == Pass::backward && !no_backward.empty()) { skip(no_backward); continue; }

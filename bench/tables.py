@@ -14,6 +14,8 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # the backward's steps against SDPA's flash and cuDNN and FA3
     python3 bench/tables.py decode --csv docs/results/X.csv [--steps 41,42,43]
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
+    python3 bench/tables.py pages --csv docs/results/ablations/X.csv [--steps 44]
+                                               # a paged cache (fa-bench --page-size N) against the contiguous one
 
 It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader. Every table but
 `backward` and `decode` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
@@ -316,10 +318,46 @@ def decode(rows, steps=(), suite=None) -> str:
     return "\n".join(lines)
 
 
+def pages(rows, steps=()) -> str:
+    """The paged cache against the contiguous one: per variant (the step as it is first, then each ablation's) and
+    shape (B, kv_len, heads, d, dtype), a decode step's TB/s over the contiguous cache (suite `decode`) and over each
+    page size (suites `decode-pages<N>`, fa-bench --page-size N), medians over the rows of each (alternating rounds
+    relabelled `round<k>` and `round<k>-pages<N>`); then the smallest page's bandwidth over the contiguous cache's."""
+    picked = [r for r in plots.select(rows, **{"pass": "decode"})
+              if r["suite"].startswith(("decode", "round")) and (not steps or r["step"] in steps)]
+
+    def page_size(suite):
+        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
+
+    def config(r):
+        return (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])
+
+    tbps: dict = {}
+    for r in picked:
+        tbps.setdefault((r["variant"], config(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
+    med = {k: _median(v) for k, v in tbps.items()}
+    sizes = sorted({k[2] for k in med})
+    head = ["variant", "B", "kv_len", "heads", "d", "dtype"] + [f"pages {ps}" if ps else "contiguous" for ps in sizes]
+    lines = ["| " + " | ".join(head + ["paged / contiguous"]) + " |",
+             "|---|" + "---:|" * 4 + "---|" + "---:|" * (len(sizes) + 1)]
+    for variant, cfg in sorted({k[:2] for k in med},
+                               key=lambda k: (k[0], -k[1][4], k[1][0] * k[1][1] != 65536, k[1][0], k[1][5])):
+        b, n, hq, hkv, d, dtype = cfg
+        smallest = min((ps for ps in sizes if ps > 0 and (variant, cfg, ps) in med), default=None)
+        whole, paged = med.get((variant, cfg, 0)), med.get((variant, cfg, smallest))
+        ratio = f"{_fmt(paged / whole)}×" if whole and paged else "–"
+        lines.append(f"| {variant or 'the step'} | {b} | {n} | {hq}/{hkv} | {d} | {dtype} | "
+                     + " | ".join(_fmt(med.get((variant, cfg, ps))) for ps in sizes) + f" | {ratio} |")
+    lines.append("\nDecode (q_len = 1): TB/s of K and V read once, medians over the rows of each cell; paged / "
+                 "contiguous: the smallest page's bandwidth over the contiguous cache's, the same variant.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode"])
+    parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
+                                          "pages"])
     parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
     parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
     parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
@@ -343,6 +381,9 @@ def main(argv=None) -> int:
         return 0
     if args.table == "decode":
         print(decode(plots.load(paths), steps, args.suite))
+        return 0
+    if args.table == "pages":
+        print(pages(plots.load(paths), steps))
         return 0
     rows = load(paths)
     if args.table == "times":

@@ -63,6 +63,7 @@ namespace step40 { Launcher launcher(); }
 namespace step41 { Launcher launcher(); }
 namespace step42 { Launcher launcher(); }
 namespace step43 { Launcher launcher(); }
+namespace step44 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -207,6 +208,9 @@ const std::vector<StepInfo>& all_steps() {
       {"43", "", "pipelined_decode",
        "decode: each thread keeps its next tiles of K and V on the way to shared memory (cp.async) while it computes",
        step43::launcher()},
+      {"44", "", "paged_decode",
+       "decode from a paged KV cache: each key's row found through the sequence's page table (vLLM's layout)",
+       step44::launcher()},
   };
   return steps;
 }

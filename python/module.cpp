@@ -133,6 +133,7 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
   if (step.pass != pass)
     throw std::invalid_argument("step " + step.label() + " is a " + fa::to_string(step.pass) + " step; call " +
                                 (step.pass == fa::Pass::backward ? "backward()" : "forward()") + " with it");
+  const TensorShape q_shape = shape_of(q, "q");  // q, k, v: the first one refused is the first named
   TensorShape k_shape = shape_of(k, "k"), v_shape = shape_of(v, "v");
   std::int64_t page_size = 0, pages = 0;
   if (page_table) {  // K and V are pools: read the problem off the shape they would have unpaged
@@ -146,7 +147,7 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     k_shape.shape = v_shape.shape = {std::int64_t(q.shape(0)), std::int64_t(page_table->shape(1)) * page_size,
                                      k_shape.shape[2], k_shape.shape[3]};
   }
-  Call call{step, fa::problem_from(shape_of(q, "q"), k_shape, v_shape), {}};
+  Call call{step, fa::problem_from(q_shape, k_shape, v_shape), {}};
   AttentionProblem& p = call.p;
   p.causal = causal;
   if (scale) p.scale = float(*scale);
@@ -155,7 +156,10 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     check_ints(*page_table, "page_table", {p.batch, std::int64_t(page_table->shape(1))});
     p.page_size = int(page_size), p.pages = int(pages);
   }
-  if (kv_lens) check_ints(*kv_lens, "kv_lens", {p.batch});
+  if (kv_lens) {  // the lengths' values are on the GPU: until they are read, each is the capacity
+    check_ints(*kv_lens, "kv_lens", {p.batch});
+    p.kv_lens.assign(std::size_t(p.batch), p.kv_len);
+  }
   // What the step takes, refused by the kit's own words before anything touches the GPU.
   const std::string name = "step " + step.label();
   fa::validate(p);
@@ -164,6 +168,7 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     takes.dtypes = step.dtypes, takes.head_dims = step.head_dims;
     fa::kit::refuse_unsupported(name.c_str(), p, takes);
   }
+  fa::refuse_cache_forms(name.c_str(), p, step.cache_forms);
   // Where the tensors live; then the lengths, which the checks read on the host.
   check_memory(q, "q", -1);
   call.device = q.device_id();
@@ -175,13 +180,11 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
   }
   if (kv_lens) {
     check_memory(*kv_lens, "kv_lens", call.device);
-    p.kv_lens.resize(std::size_t(p.batch));
     FA_CUDA_CHECK(cudaSetDevice(call.device));
     FA_CUDA_CHECK(cudaMemcpy(p.kv_lens.data(), kv_lens->data(), p.kv_lens.size() * sizeof(int), cudaMemcpyDefault));
     call.t.kv_lens = static_cast<const int*>(kv_lens->data());
   }
-  fa::validate(p);
-  fa::refuse_cache_forms(name.c_str(), p, step.cache_forms);
+  fa::validate(p);  // the lengths read: each 0 .. kv_len
   return call;
 }
 

@@ -81,9 +81,25 @@ assert refusal(fa_course.forward, "09-br64", q.astype(np.float32), k.astype(np.f
 q9 = np.zeros((2, 9, 4, 64), f16)
 assert refusal(fa_course.forward, "41", q9, k, v, np.zeros_like(q9)).startswith(
     "step 41: q_len = 9 is not supported; supported: 1 .. 8 new tokens per sequence"), "decode: too many new tokens"
-assert "kv_heads" in refusal(fa_course.forward, "11", np.zeros((2, 8, 3, 64), f16), k, v, out)
+assert refusal(fa_course.forward, "11", q, k, v, out, causal=True, causal_align="bottom-right").startswith(
+    "step 11: causal_align = bottom-right is not supported; supported: top-left")
+assert refusal(fa_course.forward, "11", np.zeros((2, 8, 3, 64), f16), k, v, out) == (
+    "attention problem: q_heads = 3 is not a multiple of kv_heads = 2")
 assert refusal(fa_course.forward, "11", q, k, v, out, causal_align="middle") == (
     "causal_align 'middle' is not one of: top-left, bottom-right")
+
+# The KV cache's forms: what a step does not take, and lengths or a page table of the wrong kind.
+lens = np.array([8, 3], np.int32)
+assert refusal(fa_course.forward, "11", q, k, v, out, kv_lens=lens).startswith(
+    "step 11: kv_lens = 2 per-sequence lengths is not supported; supported: one kv_len for every sequence")
+assert refusal(fa_course.forward, "41", q[:, :1], k, v, out[:, :1], kv_lens=lens.astype(np.int64)) == (
+    "kv_lens: must be int32 [2]; got [2] DLPack code 0, 64 bits")
+pool = np.zeros((4, 4, 2, 64), f16)  # 4 pages of 4 tokens; two pages a sequence
+table = np.array([[2, 0], [1, 3]], np.int32)
+assert refusal(fa_course.forward, "43", q[:, :1], pool, pool, out[:, :1], page_table=table).startswith(
+    "step 43: page_size = 4 is not supported")
+assert refusal(fa_course.forward, "44", q[:, :1], pool, pool, out[:, :1], page_table=table[:1]).startswith(
+    "page_table: a paged call takes the page table int32 [B, pages per sequence] with Q's batch")
 
 # Where the tensors live: host memory is refused by name, before anything runs.
 message = refusal(fa_course.forward, "11", q, k, v, out)

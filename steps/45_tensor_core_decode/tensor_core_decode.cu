@@ -115,6 +115,15 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     if (!pages) return std::int64_t(b) * cache.kv_len + j;
     return std::int64_t(pages[j / cache.page_size]) * cache.page_size + j % cache.page_size;
   };
+  // A lane copies chunks of 8 keys a tile, and 4 warps are all an SM holds: a division and a dependent load of the
+  // page table in front of each copy would stall the warp every tile with nothing else to run. So lane l < 16 looks
+  // up one key, key l of the warp's slice, a tile ahead (its load lands while the warp works on the tile before), and
+  // the copies take each key's row from its lane by shuffle. Lanes 16-31 repeat lanes 0-15's keys.
+  auto lookup = [&](int tile) -> std::int64_t {
+    const int j = first + tile * kTileKeys + warp * kWarpKeys + (lane & (kWarpKeys - 1));
+    return pages && j < last ? row_of(j) : 0;
+  };
+  std::int64_t next_rows = lookup(0);
   // This warp's slice of K (kv = 0) or V (kv = 1) in stage `stage` of the ring.
   extern __shared__ __align__(128) unsigned char ring[];
   auto slice = [&](int stage, int kv) {
@@ -128,11 +137,14 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   auto start_tile = [&](int tile) {
     if (tile < tiles) {
       const int base = first + tile * kTileKeys + warp * kWarpKeys;
+      const std::int64_t rows_here = next_rows;
+      next_rows = lookup(tile + 1);
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const int e = i * kWarpSize + lane, key = e / kChunksPerRow, c = e % kChunksPerRow;
         const int j = base + key;
-        const std::int64_t at = j < last ? row_of(j) * stride + c * kChunkElems : 0;
+        const std::int64_t row = pages ? __shfl_sync(kFullMask, rows_here, key) : row_of(j);
+        const std::int64_t at = j < last ? row * stride + c * kChunkElems : 0;
         const int to = swizzled_offset<D>(key, c);
         cp_async_16(slice(tile % kStages, 0) + to, k_rows + at, j < last ? 16 : 0);
         cp_async_16(slice(tile % kStages, 1) + to, v_rows + at, j < last ? 16 : 0);

@@ -10,8 +10,10 @@
 // and read them back as mma fragments with ldmatrix. A warp reads only what its own lanes copied, so it waits only
 // for itself (__syncwarp, no block barrier). At the end the warps merge their (m, l, O) as step 42's lane groups do.
 //
-// The step takes step 44's cache forms: per-sequence lengths, a paged cache (each key's row through the page table,
-// as step 44), and the bottom-right causal mask for up to kMaxQueries new tokens.
+// The step takes step 44's cache forms: per-sequence lengths, a paged cache, and the bottom-right causal mask for up
+// to kMaxQueries new tokens. In a paged cache one lane of 16 looks a key's row up, a tile ahead, for the warp's
+// copies. On the H100 (README) it reads K and V at 0.95-1.03x cuDNN's bandwidth, and pages of 64 tokens at
+// 0.93-0.99x its contiguous cache.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "41_split_kv_decode/split_kv.cuh"

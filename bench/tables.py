@@ -319,8 +319,8 @@ def decode(rows, steps=(), suite=None) -> str:
 
 
 def pages(rows, steps=()) -> str:
-    """The paged cache against the contiguous one: per variant (the step as it is first, then each ablation's) and
-    shape (B, kv_len, heads, d, dtype), a decode step's TB/s over the contiguous cache (suite `decode`) and over each
+    """The paged cache against the contiguous one: per step, variant (the step as it is first, then each ablation's)
+    and shape (B, kv_len, heads, d, dtype), a decode step's TB/s over the contiguous cache (suite `decode`) and over each
     page size (suites `decode-pages<N>`, fa-bench --page-size N), medians over the rows of each (alternating rounds
     relabelled `round<k>` and `round<k>-pages<N>`); then the smallest page's bandwidth over the contiguous cache's."""
     picked = [r for r in plots.select(rows, **{"pass": "decode"})
@@ -334,19 +334,19 @@ def pages(rows, steps=()) -> str:
 
     tbps: dict = {}
     for r in picked:
-        tbps.setdefault((r["variant"], config(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
+        tbps.setdefault(((r["step"], r["variant"]), config(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}
     sizes = sorted({k[2] for k in med})
-    head = ["variant", "B", "kv_len", "heads", "d", "dtype"] + [f"pages {ps}" if ps else "contiguous" for ps in sizes]
+    head = ["step", "variant", "B", "kv_len", "heads", "d", "dtype"] + [f"pages {ps}" if ps else "contiguous" for ps in sizes]
     lines = ["| " + " | ".join(head + ["paged / contiguous"]) + " |",
-             "|---|" + "---:|" * 4 + "---|" + "---:|" * (len(sizes) + 1)]
+             "|---|---|" + "---:|" * 4 + "---|" + "---:|" * (len(sizes) + 1)]
     for variant, cfg in sorted({k[:2] for k in med},
-                               key=lambda k: (k[0], -k[1][4], k[1][0] * k[1][1] != 65536, k[1][0], k[1][5])):
+                               key=lambda k: (plots.order_key(k[0][0]), k[0][1], -k[1][4], k[1][0] * k[1][1] != 65536, k[1][0], k[1][5])):
         b, n, hq, hkv, d, dtype = cfg
         smallest = min((ps for ps in sizes if ps > 0 and (variant, cfg, ps) in med), default=None)
         whole, paged = med.get((variant, cfg, 0)), med.get((variant, cfg, smallest))
         ratio = f"{_fmt(paged / whole)}×" if whole and paged else "–"
-        lines.append(f"| {variant or 'the step'} | {b} | {n} | {hq}/{hkv} | {d} | {dtype} | "
+        lines.append(f"| {variant[0]} | {variant[1] or 'the step'} | {b} | {n} | {hq}/{hkv} | {d} | {dtype} | "
                      + " | ".join(_fmt(med.get((variant, cfg, ps))) for ps in sizes) + f" | {ratio} |")
     lines.append("\nDecode (q_len = 1): TB/s of K and V read once, medians over the rows of each cell; paged / "
                  "contiguous: the smallest page's bandwidth over the contiguous cache's, the same variant.")

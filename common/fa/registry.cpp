@@ -64,6 +64,7 @@ namespace step41 { Launcher launcher(); }
 namespace step42 { Launcher launcher(); }
 namespace step43 { Launcher launcher(); }
 namespace step44 { Launcher launcher(); }
+namespace step45 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -211,6 +212,9 @@ const std::vector<StepInfo>& all_steps() {
       {"44", "", "paged_decode",
        "decode from a paged KV cache: each key's row found through the sequence's page table (vLLM's layout)",
        step44::launcher()},
+      {"45", "", "tensor_core_decode",
+       "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
+       step45::launcher()},
   };
   return steps;
 }

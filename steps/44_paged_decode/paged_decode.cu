@@ -6,9 +6,9 @@
 // gives each sequence a page table: its key j lives in page page_table[b][j / page_size], at row j % page_size.
 // Pages are handed out as a sequence grows and returned when it ends, in any order. The kernel is step 43's; only
 // where a key's row comes from changes: the row in the pool, looked up in the table, in place of b x kv_len + j.
-// The lookup has a cost, measured (README): each key's copy waits for its table entry (a division and a load),
-// and one split block an SM (4 warps) does not hide that wait: pages of 64 to 1024 tokens run at 0.66-0.95x the
-// contiguous cache on the H100.
+// The lookup has a cost, measured (README): a division and a table load in front of each key's copy ran pages of 64
+// at 0.66-0.94x the contiguous cache on the H100, since one split block an SM (4 warps) does not hide that wait. So
+// each thread walks its keys through the pages (an add a key, the table read once a page): 0.84-0.97x.
 //
 // The step takes the KV cache's per-sequence lengths, pages of any size, and the bottom-right causal mask (q_len new
 // tokens, up to kMaxQueries).
@@ -110,9 +110,29 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const T* v_rows = s.V + kv_h * D + 8 * lane;
   const int stride = s.kv_stride();
   const int* pages = cache.page_table ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size) : nullptr;
+  // This thread copies keys first + g + kG x n, n = 0, 1, .. in that order (start_tile below): a walk of kG keys a
+  // step. In a paged cache it keeps where the walk is (the page's index in the table, the row in the page, the
+  // page's entry, and the next page's entry read ahead), so that a key costs an add, and the table is read once a
+  // page, a page before the walk needs it, instead of a division and a load in front of every key's copy.
+  const int table_pages = pages ? cache.kv_len / cache.page_size : 0;
+  auto entry_of = [&](int i) { return i < table_pages ? pages[i] : 0; };
+  int walk_page = 0, walk_row = first + g, entry = 0, next_entry = 0;
+  if (pages) {
+    walk_page = walk_row / cache.page_size, walk_row %= cache.page_size;
+    entry = entry_of(walk_page), next_entry = entry_of(walk_page + 1);
+  }
+  // The row of the walk's key j, then one step on.
   auto row_of = [&](int j) -> std::int64_t {
     if (!pages) return std::int64_t(b) * cache.kv_len + j;
-    return std::int64_t(pages[j / cache.page_size]) * cache.page_size + j % cache.page_size;
+    const std::int64_t row = std::int64_t(entry) * cache.page_size + walk_row;
+    walk_row += kG;
+    if (walk_row >= cache.page_size) {  // into the next page, or further on when pages are shorter than kG keys
+      const int ahead = walk_row / cache.page_size;
+      walk_page += ahead, walk_row -= ahead * cache.page_size;
+      entry = ahead == 1 ? next_entry : entry_of(walk_page);
+      next_entry = entry_of(walk_page + 1);
+    }
+    return row;
   };
   // This thread's piece (stage, u, K or V) of the ring, at ring + ((stage x kUnroll + u) x 2 + kv) x kThreads.
   extern __shared__ uint4 ring[];
@@ -129,7 +149,8 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int j = first + t * kTileKeys + u * kG + g;
-        const std::int64_t at = j < last ? row_of(j) * stride : 0;
+        const std::int64_t row = row_of(j);  // every key of the walk, so that it stays in step
+        const std::int64_t at = j < last ? row * stride : 0;
         tc::cp_async_16(tc::shared_address(piece(t % kStages, u, 0)), k_rows + at, j < last ? 16 : 0);
         tc::cp_async_16(tc::shared_address(piece(t % kStages, u, 1)), v_rows + at, j < last ? 16 : 0);
       }

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 LABELS = {"loss_sdpa": "SDPA", "loss_course": "the course's steps (same seed)",
-          "loss_sdpa_other_seed": "SDPA, another seed (run-to-run noise)"}
+          "loss_sdpa_seed_plus_1": "SDPA, seed + 1 (run-to-run noise)", "loss_sdpa_seed_plus_2": "SDPA, seed + 2"}
 
 
 def main(argv) -> int:

@@ -41,7 +41,7 @@ def check(step, dtype_name, d, heads, q_len, causal, paged):
     for i, n in enumerate(LENS):  # past each length: NaN
         k[i, n:], v[i, n:] = float("nan"), float("nan")
     lens = torch.tensor(LENS, dtype=torch.int32, device="cuda")
-    forms = dict(causal=causal, causal_align="bottom-right", kv_lens=lens)
+    forms = dict(causal=causal, kv_lens=lens, **({"causal_align": "bottom-right"} if causal else {}))
     if paged:  # pages in a shuffled order, and as many unused pages again, all NaN
         per_seq = CAPACITY // PAGE
         order = torch.randperm(2 * b * per_seq, generator=torch.Generator().manual_seed(2))[: b * per_seq]

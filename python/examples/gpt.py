@@ -14,9 +14,11 @@ Two more runs, SDPA from two other seeds (other initial weights, other batches),
 course's curve is within it when, after the first 100 steps, its moving average (25 steps) stays as close to SDPA's
 as the SDPA runs stay to one another (the largest gap between any two of the three).
 
-Then each trained model generates greedily from the same prompts through its KV cache, with the same weights twice:
-SDPA over the cache's prefix, and the course through a decode step (per-sequence lengths) after a forward step for
-the prompt. Each generation runs once to warm up and is timed the second time.
+Then each trained model generates 24 tokens greedily from the same prompts through its KV cache, with the same
+weights twice: SDPA over the cache's prefix, and the course through a decode step (per-sequence lengths) after a
+forward step for the prompt. Each generation runs once to warm up and is timed the second time. The answers, up to
+the sentence's end, must agree token for token; past it the model begins a sentence of its own, where a greedy
+choice can rest on a near-tie, so there the first difference is reported with the top two logits' gap.
 
     PYTHONPATH=build/python python3 python/examples/gpt.py --out DIR [--steps 600] [--forward 25]
         [--backward 40] [--decode 45]
@@ -183,8 +185,9 @@ def generate(model, prompts: torch.Tensor, new_tokens: int):
             caches.append(cache)
             x = x + block.attn.proj(block.attn.attend(q, k, v).reshape(b, n, -1))
             x = x + block.mlp(block.ln2(x))
-        token = model.head(model.ln(x[:, -1:])).argmax(-1)
-        out = [token]
+        logits = model.head(model.ln(x[:, -1:])).float()
+        token = logits.argmax(-1)
+        out, margins = [token], [margin(logits)]
         lens = torch.full((b,), n, dtype=torch.int32, device=prompts.device)
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -194,11 +197,19 @@ def generate(model, prompts: torch.Tensor, new_tokens: int):
                 x = x + block.attn.step(block.ln1(x), cache, lens)
                 x = x + block.mlp(block.ln2(x))
             lens = lens + 1
-            token = model.head(model.ln(x)).argmax(-1)
+            logits = model.head(model.ln(x)).float()
+            token = logits.argmax(-1)
             out.append(token)
+            margins.append(margin(logits))
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-    return torch.cat(out, dim=1), b * (new_tokens - 1) / seconds
+    return torch.cat(out, dim=1), b * (new_tokens - 1) / seconds, torch.cat(margins, dim=1).tolist()
+
+
+def margin(logits):
+    """The greedy choice's lead: the largest logit minus the second, per sequence ([B, 1])."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
 
 
 def main() -> int:
@@ -244,7 +255,7 @@ def main() -> int:
     prompts = ["seven plus twelve is ", "forty-one minus three is ", "two plus two is ", "nineteen minus nine is "]
     width = max(map(len, prompts))
     idx = torch.tensor([[vocab.index(c) for c in p.rjust(width)] for p in prompts], device="cuda")
-    lines, all_same, rates = [], True, {}
+    lines, all_same, rates, margins = [], True, {}, {}
     for trained in ("sdpa", "course"):  # each trained model's weights, generating through both attentions
         model = runs[trained][0].eval()
         texts = {}
@@ -252,14 +263,22 @@ def main() -> int:
             for block in model.blocks:
                 block.attn.backend = backend
             generate(model, idx, 24)  # warm-up (SDPA's kernels are chosen per shape on their first call)
-            tokens, rates[trained, backend] = generate(model, idx, 24)
+            tokens, rates[trained, backend], margins[backend] = generate(model, idx, 24)
             texts[backend] = ["".join(vocab[i] for i in row) for row in tokens.tolist()]
-        same = texts["sdpa"] == texts["course"]
+        # The answer: the text up to the sentence's end (its first newline). Past it the model starts a sentence of
+        # its own, whose first words it cannot know; there the greedy choice can rest on a near-tie.
+        answers = {k: [t.split("\n")[0] for t in v] for k, v in texts.items()}
+        same = answers["sdpa"] == answers["course"]
         all_same = all_same and same
         lines.append(f"weights trained with {trained}:")
-        for p, a, b in zip(prompts, texts["sdpa"], texts["course"]):
+        for i, (p, a, b) in enumerate(zip(prompts, texts["sdpa"], texts["course"])):
             lines.append(f"  {p!r}\n    sdpa:   {a!r}\n    course: {b!r}")
-        lines.append(f"  token for token the same: {same}")
+            if a != b:
+                at = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+                lines.append(f"    first different token: {at} (of 24), where SDPA's top two logits are "
+                             f"{margins['sdpa'][i][at]:.3f} apart (the course's: {margins['course'][i][at]:.3f})")
+        lines.append(f"  answers (up to the sentence's end) token for token the same: {same}; all 24 tokens: "
+                     f"{texts['sdpa'] == texts['course']}")
     last = slice(len(runs["sdpa"][1]) - 100, None)
     lines.append("mean loss over the last 100 steps: " + ", ".join(
         f"{k} {sum(runs[k][1][last]) / 100:.4f}" for k in ("sdpa", "course") + noise_runs))

@@ -35,7 +35,7 @@ def main(argv) -> int:
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("cross-entropy loss (25-step moving average)")
-    ax.set_title("A small GPT trained with PyTorch SDPA and with the course's forward and backward steps")
+    ax.set_title("A small GPT trained with SDPA and with the course's steps")
     ax.legend()
     fig.savefig(argv[2], dpi=120)
     print(f"wrote {argv[2]}")

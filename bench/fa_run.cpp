@@ -23,6 +23,7 @@
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
 #include "cli.hpp"
+#include "fa/call_shapes.hpp"
 #include "fa/compare.hpp"
 #include "fa/device.hpp"
 #include "fa/npy.hpp"
@@ -59,41 +60,14 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
 exit status: 0 done (and within tolerance with --check), 1 bad input, 2 no CUDA device, 3 out of tolerance
 )";
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+using fa::shape_text;
 std::string shape_text(const HostTensor& t) { return shape_text(t.shape); }
+TensorShape shape_of(const HostTensor& t, const std::string& file) { return {file, t.shape, t.dtype}; }
 
 // Reads the problem off the tensors' shapes, refusing anything inconsistent. `files` names Q, K, V.
 AttentionProblem problem_from(const AttentionInputs& in, const std::string (&files)[3]) {
-  const HostTensor* tensors[3] = {&in.q, &in.k, &in.v};
-  for (int i = 0; i < 3; ++i)
-    if (tensors[i]->shape.size() != 4)
-      throw std::invalid_argument(files[i] + ": " + "QKV"[i] + " must have 4 dimensions [B, N, H, d]; got " +
-                                  shape_text(*tensors[i]));
-  if (in.k.shape != in.v.shape)
-    throw std::invalid_argument("K " + shape_text(in.k) + " (" + files[1] + ") and V " + shape_text(in.v) + " (" +
-                                files[2] + ") must have the same shape");
-  if (in.q.dtype != in.k.dtype || in.q.dtype != in.v.dtype)
-    throw std::invalid_argument(std::string("Q, K and V must have one dtype; got Q ") + to_string(in.q.dtype) +
-                                ", K " + to_string(in.k.dtype) + ", V " + to_string(in.v.dtype) +
-                                " (f32, f16 or bf16 as float32 with --dtype bf16)");
-  if (in.q.shape[0] != in.k.shape[0] || in.q.shape[3] != in.k.shape[3])
-    throw std::invalid_argument("Q " + shape_text(in.q) + " and K " + shape_text(in.k) +
-                                " must agree on batch (dim 0) and head_dim (dim 3)");
-  for (auto extent : {in.q.shape[1], in.q.shape[2], in.k.shape[1], in.k.shape[2], in.q.shape[0], in.q.shape[3]})
-    if (extent < 1 || extent > (1 << 30)) throw std::invalid_argument("every dimension must be between 1 and 2^30");
-  AttentionProblem p;
-  p.batch = int(in.q.shape[0]);
-  p.q_len = int(in.q.shape[1]);
-  p.q_heads = int(in.q.shape[2]);
-  p.head_dim = int(in.q.shape[3]);
-  p.kv_len = int(in.k.shape[1]);
-  p.kv_heads = int(in.k.shape[2]);
-  p.dtype = in.q.dtype;
-  return p;
+  return fa::problem_from(shape_of(in.q, files[0]), shape_of(in.k, files[1]), shape_of(in.v, files[2]),
+                          "(f32, f16 or bf16 as float32 with --dtype bf16)");
 }
 
 // The KV cache's per-sequence lengths: --kv-lens as a comma list, or an int32 .npy of B values.
@@ -112,16 +86,7 @@ std::vector<int> kv_lens_from(const std::string& text) {
 // Refuses a backward call's O, LSE and dO that do not fit the problem read off Q, K, V. `files` names
 // O, LSE and dO.
 void check_backward_inputs(const AttentionProblem& p, const BackwardInputs& in, const std::string (&files)[3]) {
-  const HostTensor* tensors[2] = {&in.o, &in.d_o};
-  const char* names[2] = {"O", "dO"};
-  for (int i = 0; i < 2; ++i)
-    if (tensors[i]->shape != q_shape(p) || tensors[i]->dtype != p.dtype)
-      throw std::invalid_argument(files[2 * i] + ": " + names[i] + " must have Q's shape " + shape_text(q_shape(p)) +
-                                  " and dtype " + to_string(p.dtype) + "; got " + shape_text(*tensors[i]) + " " +
-                                  to_string(tensors[i]->dtype));
-  if (in.lse.shape != lse_shape(p) || in.lse.dtype != DType::f32)
-    throw std::invalid_argument(files[1] + ": LSE must be float32 [B, Hq, Nq] = " + shape_text(lse_shape(p)) +
-                                "; got " + shape_text(in.lse) + " " + to_string(in.lse.dtype));
+  check_backward_shapes(p, shape_of(in.o, files[0]), shape_of(in.lse, files[1]), shape_of(in.d_o, files[2]));
 }
 
 // What a step of the other pass is given by mistake: a backward step's arguments for a forward step,

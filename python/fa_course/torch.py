@@ -1,0 +1,116 @@
+"""PyTorch on top of fa_course._ext: attention() with autograd, and a decode call over a KV cache.
+
+Every call runs on PyTorch's current CUDA stream, allocates its outputs (and a step's workspace) with PyTorch, and
+raises the kit's ValueError for what a step does not take. Importing this module needs PyTorch; the rest of the
+course does not.
+"""
+from __future__ import annotations
+
+import torch as _torch
+
+from . import _ext
+
+
+def _stream() -> int:
+    return _torch.cuda.current_stream().cuda_stream
+
+
+def _workspace(step: str, q, k, v, **forms):
+    size = _ext.workspace_bytes(step, q, k, v, **forms)
+    return _torch.zeros(size, dtype=_torch.uint8, device=q.device) if size else None
+
+
+def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-left", kv_lens=None,
+            page_table=None):
+    """O and LSE (float32 [B, Hq, Nq]) of forward (or decode) step `step`: new tensors."""
+    out = _torch.empty_like(q)
+    lse = _torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=_torch.float32, device=q.device)
+    forms = dict(causal=causal, scale=scale, causal_align=causal_align, kv_lens=kv_lens, page_table=page_table)
+    _ext.forward(step, q, k, v, out, lse=lse, workspace=_workspace(step, q, k, v, **forms), stream=_stream(),
+                 **forms)
+    return out, lse
+
+
+def backward(step: str, q, k, v, out, lse, d_out, *, causal=False, scale=None):
+    """dQ, dK, dV of backward step `step`: new tensors."""
+    dq, dk, dv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
+    workspace = _workspace(step, q, k, v, causal=causal, scale=scale)
+    _ext.backward(step, q, k, v, out, lse, d_out.contiguous(), dq, dk, dv, workspace=workspace, causal=causal,
+                  scale=scale, stream=_stream())
+    return dq, dk, dv
+
+
+class _Attention(_torch.autograd.Function):
+    """O = attention(Q, K, V) through a forward step; the gradients through a backward step."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, forward_step, backward_step, causal, scale):
+        out, lse = forward(forward_step, q, k, v, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.steps, ctx.causal, ctx.scale = (forward_step, backward_step), causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward(ctx.steps[1], q, k, v, out, lse, d_out, causal=ctx.causal, scale=ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def attention(q, k, v, *, forward_step: str, backward_step: str | None = None, causal=False, scale=None):
+    """Attention of q [B, Nq, Hq, d], k and v [B, Nkv, Hkv, d] through the named steps, differentiable when a
+    backward step is named."""
+    if backward_step is None:
+        return forward(forward_step, q, k, v, causal=causal, scale=scale)[0]
+    return _Attention.apply(q, k, v, forward_step, backward_step, causal, scale)
+
+
+# The same calls as torch.library custom ops, with fake (meta) implementations that give the outputs' shapes
+# without running anything: torch.compile traces through them. The steps' names and the flags are the ops'
+# arguments; forward_op's gradient goes through backward_step ("" refuses a backward).
+@_torch.library.custom_op("fa_course::forward", mutates_args=())
+def forward_op(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, step: str, backward_step: str, causal: bool,
+               scale: float | None) -> tuple[_torch.Tensor, _torch.Tensor]:
+    """forward() as an op: O and LSE."""
+    return forward(step, q, k, v, causal=causal, scale=scale)
+
+
+@forward_op.register_fake
+def _(q, k, v, step, backward_step, causal, scale):
+    return _torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_torch.float32)
+
+
+@_torch.library.custom_op("fa_course::backward", mutates_args=())
+def backward_op(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, out: _torch.Tensor, lse: _torch.Tensor,
+                d_out: _torch.Tensor, step: str, causal: bool,
+                scale: float | None) -> tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor]:
+    """backward() as an op: dQ, dK, dV."""
+    return backward(step, q, k, v, out, lse, d_out, causal=causal, scale=scale)
+
+
+@backward_op.register_fake
+def _(q, k, v, out, lse, d_out, step, causal, scale):
+    return _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, step, backward_step, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.backward_step, ctx.causal, ctx.scale = backward_step, causal, scale
+
+
+def _forward_op_backward(ctx, d_out, d_lse):
+    if not ctx.backward_step:
+        raise RuntimeError("fa_course::forward was called without a backward step: name one to differentiate")
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = backward_op(q, k, v, out, lse, d_out.contiguous(), ctx.backward_step, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+forward_op.register_autograd(_forward_op_backward, setup_context=_setup_context)
+
+
+def attention_op(q, k, v, *, forward_step: str, backward_step: str = "", causal=False, scale=None):
+    """attention() through the custom ops (for torch.compile): differentiable when a backward step is named."""
+    return forward_op(q, k, v, forward_step, backward_step, causal, scale)[0]

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The Python module refuses what the kit and fa-run refuse, with their messages, before any GPU work.
+
+Runs without a GPU: the tensors are numpy arrays (host memory, through DLPack), so every call must stop at a
+refusal; the shapes' messages are checked against fa-run's on the same tensors saved as .npy files.
+Usage: test_module_refusals.py BUILD/python BUILD/bench/fa-run. Plain asserts, no pytest.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, sys.argv[1])
+FA_RUN = sys.argv[2]
+import fa_course  # noqa: E402
+
+
+def refusal(call, *args, **kwargs) -> str:
+    """The ValueError's message of call(*args, **kwargs), which must refuse."""
+    try:
+        call(*args, **kwargs)
+    except ValueError as error:
+        return str(error)
+    raise AssertionError(f"{call.__name__}{args[:1]} did not refuse")
+
+
+def fa_run_message(**tensors) -> str:
+    """fa-run's message for a forward call of step 12 on these tensors, saved as .npy files."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = {}
+        for name, array in tensors.items():
+            paths[name] = os.path.join(folder, name + ".npy")
+            np.save(paths[name], array)
+        run = subprocess.run([FA_RUN, "--step", "12", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"],
+                              "--out", os.path.join(folder, "o.npy")], capture_output=True, text=True)
+        assert run.returncode == 1, (run.returncode, run.stderr)
+        return run.stderr.replace(folder + os.sep, "").strip()
+
+
+f16 = np.float16
+q = np.zeros((2, 8, 4, 64), f16)
+k = v = np.zeros((2, 8, 2, 64), f16)
+out = np.zeros_like(q)
+
+# The registry's list, as fa-run --list shows it.
+listed = {s["label"]: s for s in fa_course.steps()}
+assert listed["01"]["pass"] == "forward" and "f32" in listed["01"]["dtypes"], listed["01"]
+assert listed["27"]["pass"] == "backward", listed["27"]
+assert listed["41"]["max_q_len"] == 8 and listed["41"]["kv_lens"] and not listed["01"]["kv_lens"], listed["41"]
+
+# The step's name: a label names its step even where it is another's prefix ("11" and "11-f32").
+assert "no step or baseline called 'zz'" in refusal(fa_course.forward, "zz", q, k, v, out)
+assert refusal(fa_course.forward, "11", q, k, v, out).startswith("q: the tensor is not in CUDA device memory")
+assert refusal(fa_course.forward, "27", q, k, v, out) == "step 27 is a backward step; call backward() with it"
+
+# Shapes: fa-run's checks and words, the tensor named by its argument (fa-run: by its file).
+cases = [
+    dict(q=q[0], k=k, v=v),                                 # Q of 3 dimensions
+    dict(q=q, k=k, v=np.zeros((2, 8, 2, 32), f16)),         # K and V of different shapes
+    dict(q=q, k=np.zeros((3, 8, 2, 64), f16), v=np.zeros((3, 8, 2, 64), f16)),  # another batch
+    dict(q=q, k=k.astype(np.float32), v=v.astype(np.float32)),                  # dtypes that differ
+]
+for case in cases:
+    ours = refusal(fa_course.forward, "12", case["q"], case["k"], case["v"], out)
+    theirs = fa_run_message(**case)
+    for name in ("q", "k", "v"):
+        theirs = theirs.replace(f"{name}.npy", name)
+    theirs = theirs.removeprefix("fa-run: ").replace(" (f32, f16 or bf16 as float32 with --dtype bf16)", "")
+    assert ours == theirs, (ours, theirs)
+
+# What the step takes: the kit's words ("step NN: field = value is not supported; supported: ...").
+assert refusal(fa_course.forward, "11", q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), out) == (
+    "q: its element type (DLPack code 2, 64 bits) is not one the steps take: float32, float16 or bfloat16")
+q96, k96 = np.zeros((2, 8, 4, 96), f16), np.zeros((2, 8, 2, 96), f16)
+assert refusal(fa_course.forward, "11", q96, k96, k96, np.zeros_like(q96)) == (
+    "step 11: head_dim = 96 is not supported; supported: 64, 128")
+assert refusal(fa_course.forward, "09-br64", q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
+               out) == "step 09-br64: dtype = f32 is not supported; supported: f16, bf16"
+q9 = np.zeros((2, 9, 4, 64), f16)
+assert refusal(fa_course.forward, "41", q9, k, v, np.zeros_like(q9)).startswith(
+    "step 41: q_len = 9 is not supported; supported: 1 .. 8 new tokens per sequence"), "decode: too many new tokens"
+assert refusal(fa_course.forward, "11", q, k, v, out, causal=True, causal_align="bottom-right").startswith(
+    "step 11: causal_align = bottom-right is not supported; supported: top-left")
+assert refusal(fa_course.forward, "11", np.zeros((2, 8, 3, 64), f16), k, v, out) == (
+    "attention problem: q_heads = 3 is not a multiple of kv_heads = 2")
+assert refusal(fa_course.forward, "11", q, k, v, out, causal_align="middle") == (
+    "causal_align 'middle' is not one of: top-left, bottom-right")
+
+# The KV cache's forms: what a step does not take, and lengths or a page table of the wrong kind.
+lens = np.array([8, 3], np.int32)
+assert refusal(fa_course.forward, "11", q, k, v, out, kv_lens=lens).startswith(
+    "step 11: kv_lens = 2 per-sequence lengths is not supported; supported: one kv_len for every sequence")
+assert refusal(fa_course.forward, "41", q[:, :1], k, v, out[:, :1], kv_lens=lens.astype(np.int64)) == (
+    "kv_lens: must be int32 [2]; got [2] DLPack code 0, 64 bits")
+pool = np.zeros((4, 4, 2, 64), f16)  # 4 pages of 4 tokens; two pages a sequence
+table = np.array([[2, 0], [1, 3]], np.int32)
+assert refusal(fa_course.forward, "43", q[:, :1], pool, pool, out[:, :1], page_table=table).startswith(
+    "step 43: page_size = 4 is not supported")
+assert refusal(fa_course.forward, "44", q[:, :1], pool, pool, out[:, :1], page_table=table[:1]).startswith(
+    "page_table: a paged call takes the page table int32 [B, pages per sequence] with Q's batch")
+
+# Where the tensors live: host memory is refused by name, before anything runs.
+message = refusal(fa_course.forward, "11", q, k, v, out)
+assert message.startswith("q: the tensor is not in CUDA device memory"), message
+print("fa_course refuses as the kit and fa-run do")

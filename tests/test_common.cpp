@@ -193,3 +193,27 @@ TEST_CASE("the registry lists every step once, in course order", "[cpu][registry
   CHECK(select_steps("cublas").front() == &cublas_baseline());
   CHECK_THROWS_WITH(select_steps("99"), Contains("'99'"));
 }
+
+TEST_CASE("a backward's O and LSE come from a forward step for whole query sequences, never a decode step",
+          "[cpu][registry]") {
+  // The decode steps are forward steps too, and the last in the registry; they take at most a few new tokens.
+  AttentionProblem p;
+  p.batch = 4, p.q_len = 1024, p.kv_len = 1024, p.q_heads = 8, p.kv_heads = 8, p.head_dim = 128;
+  p.dtype = DType::f16;
+  for (const int arch : {80, 90})  // every dtype has a forward step from sm_80 on
+    for (const int q_len : {1, 8, 1024})
+      for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        p.q_len = q_len, p.dtype = dtype;
+        INFO("sm_" << arch << ", " << p.describe());
+        const StepInfo* forward = forward_step_for_backward(p, arch);
+        REQUIRE(forward != nullptr);
+        CHECK(forward->pass == Pass::forward);
+        CHECK(forward->cache_forms.max_q_len == 0);
+        CHECK(forward->supports(p));
+        CHECK(forward->runs_on(arch));
+      }
+  p.q_len = 1024, p.dtype = DType::f16;
+  CHECK(forward_step_for_backward(p, 90)->id >= "20");  // on an H100, a Hopper forward step
+  p.head_dim = 96;  // no step takes it
+  CHECK(forward_step_for_backward(p, 90) == nullptr);
+}

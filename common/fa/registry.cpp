@@ -401,13 +401,16 @@ HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const Atten
   return device.download_o(p);
 }
 
-BackwardInputs forward_for_backward(const AttentionProblem& p, const AttentionInputs& inputs, std::uint64_t seed) {
-  validate(p);
-  const int arch = kit::device_arch();
+const StepInfo* forward_step_for_backward(const AttentionProblem& p, int arch) {
   const StepInfo* forward = nullptr;
   for (const StepInfo& s : all_steps())
-    if (s.pass == Pass::forward && s.supports(p.dtype) && s.supports_head_dim(p.head_dim) && s.runs_on(arch))
-      forward = &s;
+    if (s.pass == Pass::forward && s.cache_forms.max_q_len == 0 && s.supports(p) && s.runs_on(arch)) forward = &s;
+  return forward;
+}
+
+BackwardInputs forward_for_backward(const AttentionProblem& p, const AttentionInputs& inputs, std::uint64_t seed) {
+  validate(p);
+  const StepInfo* forward = forward_step_for_backward(p, kit::device_arch());
   if (!forward)
     throw InvalidProblem("no forward step takes " + p.describe() + " on this GPU: nothing can make the backward's O and LSE");
   DeviceAttention device(p, inputs, forward->workspace_for(p));

@@ -135,9 +135,14 @@ struct DeviceAttention {
 /// returns O. Throws InvalidProblem (before any GPU work) or CudaError.
 HostTensor run_step(const StepInfo& step, const AttentionProblem& p, const AttentionInputs& inputs);
 
-/// A backward call's inputs for timing, where no float64 reference is needed: O and LSE from the last
-/// forward step in the registry that takes p and runs on this GPU (the fastest the course has), and a
-/// dO uniform in [-1, 1) drawn from `seed`. Throws InvalidProblem when no forward step takes p.
+/// The forward step that makes a backward call's O and LSE for p on a GPU of compute capability `arch`: the last
+/// in the registry that takes p and runs there (the fastest the course has), among the steps for whole query
+/// sequences (a decode step, which takes a few new tokens, is not one). nullptr when none does.
+const StepInfo* forward_step_for_backward(const AttentionProblem& p, int arch);
+
+/// A backward call's inputs for timing, where no float64 reference is needed: O and LSE from
+/// forward_step_for_backward on this GPU, and a dO uniform in [-1, 1) drawn from `seed`. Throws InvalidProblem when
+/// no forward step takes p.
 BackwardInputs forward_for_backward(const AttentionProblem& p, const AttentionInputs& inputs, std::uint64_t seed);
 
 /// The same for a backward step: uploads Q, K, V and `backward` (O, LSE, dO), poisons dQ, dK and dV,

@@ -1,3 +1,5 @@
+/// @file call_shapes.cpp
+/// @brief A call's tensors checked against the problem they describe: shape_text, problem_from, check_backward_shapes.
 #include "fa/call_shapes.hpp"
 
 #include "fa/host_tensor.hpp"

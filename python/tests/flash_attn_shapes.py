@@ -143,7 +143,7 @@ def main() -> int:
                     step_failures += 1
         print(f"step {s['label']}: {step_failures} failing cases ({time.time() - started:.0f} s so far)", flush=True)
     print(f"{cases} cases, {len(failures)} failed, {len(chosen)} steps, {time.time() - started:.0f} s")
-    return 1 if failures else 0
+    return 1 if failures or not cases else 0  # no case run is no evidence
 
 
 if __name__ == "__main__":

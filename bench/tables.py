@@ -249,9 +249,14 @@ def backward(rows, steps=(), head_dim=None, suite=None) -> str:
         return (r["head_dim"], r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["kv_heads"], r["dtype"],
                 r["causal"])
 
+    # A listed step id stands for its only variant; where the rows hold several (an ablation), for its plain rows.
+    names_of: dict = {}
+    for r in picked:
+        names_of.setdefault(r["step"], set()).add(name(r))
     samples: dict = {}
     for r in picked:
-        for label in {name(r), r["step"]} & set(columns):  # a listed step id stands for its only variant
+        labels = {name(r)} | ({r["step"]} if len(names_of[r["step"]]) == 1 else set())
+        for label in labels & set(columns):
             samples.setdefault((config(r), label), []).append(r)
     ms = {k: _median([r["ms"] for r in v]) for k, v in samples.items()}
     tflops = {k: _median([r["tflops"] for r in v]) for k, v in samples.items()}

@@ -16,8 +16,9 @@
 //                                             (and every redaction undone) and the step's namespace back:
 //                                             the step file itself (or, --as-exercise, a completed
 //                                             exercise a student could hand in)
-//   fa-patch check-skeleton SPEC STEPS_DIR    fails (exit 1, naming each line) when the skeleton SPEC makes
-//                                             still holds a line of a hole's solution or of a redacted text
+//   fa-patch check-skeleton SPEC STEPS_DIR    fails (exit 1, naming each finding) when a stub is its hole's
+//                                             solution, or when the skeleton SPEC makes still holds a line
+//                                             of a hole's solution or of a redacted text
 //
 // A mutant spec is a few "key: value" lines (step, export, caught-by, mistake), then pairs of blocks
 // "--- find" / "--- replace", each block the exact lines to find and what replaces them. An exercise

@@ -13,13 +13,20 @@
 //                                             the exercise skeleton, and the grader's entry point
 //   fa-patch fill SPEC SKELETON.cu OUT.cu [--as-exercise]
 //                                             the skeleton with every hole filled with the step's lines
-//                                             and the step's namespace back: the step file itself (or,
-//                                             --as-exercise, a completed exercise a student could hand in)
+//                                             (and every redaction undone) and the step's namespace back:
+//                                             the step file itself (or, --as-exercise, a completed
+//                                             exercise a student could hand in)
+//   fa-patch check-skeleton SPEC STEPS_DIR    fails (exit 1, naming each finding) when a stub is its hole's
+//                                             solution, or when the skeleton SPEC makes still holds a line
+//                                             of a hole's solution or of a redacted text
 //
 // A mutant spec is a few "key: value" lines (step, export, caught-by, mistake), then pairs of blocks
 // "--- find" / "--- replace", each block the exact lines to find and what replaces them. An exercise
 // spec has "key: value" lines (step, export, title, minutes), then per hole a block
 // "--- hole N: <hint>" (the step's exact lesson lines) and a block "--- stub" (what the skeleton has).
+// Where a comment outside a hole states the hole's answer, a block "--- redact: <why>" (the step's exact
+// lines) and a block "--- with" (neutral lines) replace it in the skeleton without making it a hole; fill
+// puts the step's lines back, so the neutral lines must occur exactly once in the skeleton.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -66,14 +73,22 @@ struct Edit {
   std::string find;     ///< the step's lines (a hole's lesson lines)
   std::string replace;  ///< what replaces them (a hole's stub)
   std::string hint;     ///< exercises: what the hole asks for
+  bool redact = false;  ///< exercises: a redaction (no TODO, no hint), not a hole
 };
 
 /// A parsed spec (mutant or exercise).
 struct Spec {
   std::string name;                           ///< the file's stem, or the exercise folder's name
   std::map<std::string, std::string> fields;  ///< step, export, caught-by, mistake / title, minutes
-  std::vector<Edit> edits;                    ///< in file order
+  std::vector<Edit> edits;                    ///< in spec order: holes and redactions
 };
+
+/// The number of holes among `edits` (redactions are not numbered).
+std::size_t hole_count(const std::vector<Edit>& edits) {
+  std::size_t n = 0;
+  for (const Edit& e : edits) n += !e.redact;
+  return n;
+}
 
 Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) {
   Spec spec;
@@ -81,15 +96,19 @@ Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) 
   std::istringstream in(read_file(path));
   std::string line, *block = nullptr;
   while (std::getline(in, line)) {
-    if (line == "--- find" || line.rfind("--- hole ", 0) == 0) {
+    if (line == "--- find" || line.rfind("--- hole ", 0) == 0 || line == "--- redact" ||
+        line.rfind("--- redact: ", 0) == 0) {
       spec.edits.emplace_back();
+      spec.edits.back().redact = line[4] == 'r';
       block = &spec.edits.back().find;
       if (const auto colon = line.find(": "); line[4] == 'h' && colon != std::string::npos)
         spec.edits.back().hint = line.substr(colon + 2);
-      if (line[4] == 'h' && line.substr(9, line.find(':') - 9) != std::to_string(spec.edits.size()))
+      if (line[4] == 'h' && line.substr(9, line.find(':') - 9) != std::to_string(hole_count(spec.edits)))
         throw std::runtime_error(path.string() + ": holes must be numbered 1, 2, ... in order: " + line);
-    } else if (line == "--- replace" || line == "--- stub") {
+    } else if (line == "--- replace" || line == "--- stub" || line == "--- with") {
       if (spec.edits.empty()) throw std::runtime_error(path.string() + ": '" + line + "' before its '--- find'");
+      if ((line == "--- with") != spec.edits.back().redact)
+        throw std::runtime_error(path.string() + ": '" + line + "' does not go with the block before it");
       block = &spec.edits.back().replace;
     } else if (block) {
       *block += line + "\n";
@@ -103,13 +122,23 @@ Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) 
   return spec;
 }
 
-Spec parse_mutant(const fs::path& path) { return parse_spec(path, {"step", "export", "caught-by", "mistake"}); }
+Spec parse_mutant(const fs::path& path) {
+  Spec spec = parse_spec(path, {"step", "export", "caught-by", "mistake"});
+  for (const Edit& e : spec.edits)
+    if (e.redact) throw std::runtime_error(path.string() + ": a mutant has no '--- redact' blocks");
+  return spec;
+}
 
 Spec parse_exercise(const fs::path& path) {
   Spec spec = parse_spec(path, {"step", "export", "title", "minutes"});
   spec.name = path.parent_path().filename().string();
-  for (const Edit& e : spec.edits)
-    if (e.hint.empty()) throw std::runtime_error(path.string() + ": every hole needs a hint after its number");
+  if (hole_count(spec.edits) == 0) throw std::runtime_error(path.string() + ": no '--- hole' block");
+  for (const Edit& e : spec.edits) {
+    if (!e.redact && e.hint.empty())
+      throw std::runtime_error(path.string() + ": every hole needs a hint after its number");
+    if (e.redact && e.replace.empty())
+      throw std::runtime_error(path.string() + ": a '--- redact' block needs '--- with' lines (fill finds them)");
+  }
   return spec;
 }
 
@@ -192,18 +221,36 @@ const std::string kSkeletonHeader =
     "// Each TODO(n) comment says what the lines up to '(end of TODO)' must do; the stub lines there\n"
     "// compile but give wrong answers. Grade with: bench/exercise grade NN\n";
 
-int make_skeleton(const fs::path& spec_path, const fs::path& steps_dir, const fs::path& out, const fs::path& entry) {
-  const Spec spec = parse_exercise(spec_path);
+/// How many times `part` occurs in `text`.
+std::size_t occurrences(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+/// The skeleton of exercise `spec`: the step with its holes cut out and its redactions made.
+std::string skeleton_text(const Spec& spec, const fs::path& spec_path, const fs::path& steps_dir) {
   std::string text = read_file(steps_dir / spec.fields.at("step"));
   const std::string what = "exercise " + spec.name + " (" + spec_path.string() + ")";
-  for (std::size_t n = 0; n < spec.edits.size(); ++n) {
-    const Edit& e = spec.edits[n];
-    replace_once(text, e.find, hole_begin(n + 1, e) + e.replace + hole_end(e), what);
-  }
+  std::size_t hole = 0;
+  for (const Edit& e : spec.edits)
+    replace_once(text, e.find, e.redact ? e.replace : hole_begin(++hole, e) + e.replace + hole_end(e), what);
   const std::string ns = "namespace fa::step" + spec.name.substr(0, 2);
   replace_once(text, ns + " {", ns + "::exercise {", what);
   replace_once(text, "}  // " + ns + "\n", "}  // " + ns + "::exercise\n", what);
-  write_file(out, kSkeletonHeader + text);
+  text = kSkeletonHeader + text;
+  // fill undoes a redaction by finding its neutral lines: they must be in the skeleton exactly once.
+  for (const Edit& e : spec.edits)
+    if (e.redact && occurrences(text, e.replace) != 1)
+      throw std::runtime_error(what + ": a redaction's '--- with' lines occur " +
+                               std::to_string(occurrences(text, e.replace)) +
+                               " times in the skeleton, not once, so fill could not undo it:\n" + e.replace);
+  return text;
+}
+
+int make_skeleton(const fs::path& spec_path, const fs::path& steps_dir, const fs::path& out, const fs::path& entry) {
+  const Spec spec = parse_exercise(spec_path);
+  write_file(out, skeleton_text(spec, spec_path, steps_dir));
   // The grader's entry point: which step, and the launchers the exercise exports.
   std::ostringstream code;
   code << "// Generated by fa-patch from " << spec_path.filename().string() << ". Do not edit.\n"
@@ -229,14 +276,20 @@ int fill_holes(const fs::path& spec_path, const fs::path& skeleton, const fs::pa
   std::string text = read_file(skeleton);
   const std::string what = "filling " + skeleton.string();
   if (!as_exercise) replace_once(text, kSkeletonHeader, "", what);
-  for (std::size_t n = 0; n < spec.edits.size(); ++n) {
+  // The redactions first (their neutral lines are unique in the skeleton, not in the filled file).
+  for (const Edit& e : spec.edits)
+    if (e.redact) replace_once(text, e.replace, e.find, what + " (undoing a redaction)");
+  std::size_t n = 0;
+  for (const Edit& e : spec.edits) {
+    if (e.redact) continue;
+    ++n;
     // Everything from the TODO(n) line to its end marker, whatever the student wrote in between.
-    const std::string begin = hole_begin(n + 1, spec.edits[n]), end = hole_end(spec.edits[n]);
+    const std::string begin = hole_begin(n, e), end = hole_end(e);
     const auto first = text.find(begin);
-    if (first == std::string::npos) throw std::runtime_error(what + ": no TODO(" + std::to_string(n + 1) + ") comment");
+    if (first == std::string::npos) throw std::runtime_error(what + ": no TODO(" + std::to_string(n) + ") comment");
     const auto last = text.find(end, first);
-    if (last == std::string::npos) throw std::runtime_error(what + ": TODO(" + std::to_string(n + 1) + ") has no end");
-    text.replace(first, last + end.size() - first, spec.edits[n].find);
+    if (last == std::string::npos) throw std::runtime_error(what + ": TODO(" + std::to_string(n) + ") has no end");
+    text.replace(first, last + end.size() - first, e.find);
   }
   const std::string ns = "namespace fa::step" + spec.name.substr(0, 2);
   if (!as_exercise) {
@@ -244,6 +297,118 @@ int fill_holes(const fs::path& spec_path, const fs::path& skeleton, const fs::pa
     replace_once(text, "}  // " + ns + "::exercise\n", "}  // " + ns + "\n", what);
   }
   write_file(out, text);
+  return 0;
+}
+
+/// The lines of `text`, without their newlines.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+/// `line` with its leading and trailing blanks removed and every inner run of blanks made one space.
+std::string normalized(const std::string& line) {
+  std::istringstream words(line);
+  std::string out;
+  for (std::string word; words >> word;) out += (out.empty() ? "" : " ") + word;
+  return out;
+}
+
+/// A normalized line's code, without its // comment ("" for a comment line).
+std::string code_of(const std::string& line) {
+  const auto slash = line.find("//");
+  return normalized(line.substr(0, slash));
+}
+
+/// A normalized line's // comment ("" for none).
+std::string comment_of(const std::string& line) {
+  const auto slash = line.find("//");
+  return slash == std::string::npos ? "" : line.substr(slash);
+}
+
+/// Whether a normalized line says too little to give an answer away: blank, only brackets and
+/// punctuation, a #pragma, or fewer than `least` characters that are not blanks.
+bool trivial(const std::string& line, std::size_t least) {
+  if (line.rfind("#pragma", 0) == 0) return true;
+  std::size_t chars = 0;
+  bool only_punctuation = true;
+  for (char c : line) {
+    if (c == ' ') continue;
+    ++chars;
+    if (std::string("{}();,").find(c) == std::string::npos) only_punctuation = false;
+  }
+  return only_punctuation || chars < least;
+}
+
+/// The lines of `text` that hold code (blanks normalized, // comments dropped), or with `comments`, every
+/// line that is not blank.
+std::vector<std::string> said(const std::string& text, bool comments) {
+  std::vector<std::string> out;
+  for (const auto& raw : lines_of(text))
+    if (const std::string line = comments ? normalized(raw) : code_of(normalized(raw)); !line.empty())
+      out.push_back(line);
+  return out;
+}
+
+bool contains(const std::vector<std::string>& lines, const std::string& line) {
+  for (const auto& l : lines)
+    if (l == line) return true;
+  return false;
+}
+
+/// check-skeleton: the skeleton must not hold the answers its holes ask for.
+///  - A hole's stub must not be its solution: the same lines of code, comments and blanks aside (a
+///    redaction's neutral lines must not be its step lines).
+///  - Every line of a hole's solution (or of a redacted text) that says something (not trivial), is not
+///    kept by its stub (or neutral lines) and is not also a line of the step outside the holes and
+///    redactions (then it is no secret) may be in the skeleton neither as a line of its own nor, for
+///    its code (16 characters or more), quoted in a comment.
+/// Lines are compared with their blanks normalized.
+int check_skeleton(const fs::path& spec_path, const fs::path& steps_dir) {
+  const Spec spec = parse_exercise(spec_path);
+  const std::vector<std::string> skeleton = lines_of(skeleton_text(spec, spec_path, steps_dir));
+  // The step with every hole's and redaction's lines taken out: what the skeleton may show freely.
+  std::string outside = read_file(steps_dir / spec.fields.at("step"));
+  for (const Edit& e : spec.edits)
+    if (const auto at = outside.find(e.find); at != std::string::npos)
+      outside = outside.substr(0, at) + "\n" + outside.substr(at + e.find.size());
+  const std::vector<std::string> outside_lines = said(outside, true), outside_code = said(outside, false);
+  int leaks = 0, checked = 0;
+  std::size_t hole = 0;
+  for (const Edit& e : spec.edits) {
+    const std::string name = e.redact ? "a redaction" : "hole " + std::to_string(++hole);
+    if (said(e.find, e.redact) == said(e.replace, e.redact)) {
+      ++leaks;
+      std::cerr << spec_path.string() << ": " << name << ": its "
+                << (e.redact ? "'--- with' lines are the step's lines" : "stub is the step's code") << "\n";
+    }
+    const std::vector<std::string> kept = said(e.replace, true), kept_code = said(e.replace, false);
+    for (const auto& line : said(e.find, true)) {
+      if (trivial(line, 12) || contains(kept, line) || contains(outside_lines, line)) continue;
+      ++checked;
+      // Its code, quoted in a comment, unless that code is also the stub's or in the step outside the holes.
+      const std::string code = code_of(line);
+      bool look_for_code = !trivial(code, 16) && !contains(kept_code, code);
+      for (const auto& c : outside_code) look_for_code = look_for_code && c.find(code) == std::string::npos;
+      for (std::size_t k = 0; k < skeleton.size(); ++k) {
+        const std::string s = normalized(skeleton[k]);
+        const bool whole = s == line, quoted = look_for_code && comment_of(s).find(code) != std::string::npos;
+        if (!whole && !quoted) continue;
+        ++leaks;
+        std::cerr << spec_path.string() << ": " << name << ": line " << k + 1 << " of the skeleton "
+                  << (whole ? "is" : "quotes") << " a line of its solution: " << line << "\n";
+      }
+    }
+  }
+  if (leaks > 0) {
+    std::cerr << "fa-patch: exercise " << spec.name << ": the skeleton gives its solution away (" << leaks
+              << " finding(s) above): change the stub, or hide the line (a longer hole, or a '--- redact' block)\n";
+    return 1;
+  }
+  std::cout << "exercise " << spec.name << ": no stub is its solution, and none of the " << checked
+            << " solution lines checked is in the skeleton\n";
   return 0;
 }
 
@@ -258,8 +423,10 @@ int main(int argc, char** argv) {
     if (args.size() == 5 && args[0] == "skeleton") return make_skeleton(args[1], args[2], args[3], args[4]);
     if ((args.size() == 4 || (args.size() == 5 && args[4] == "--as-exercise")) && args[0] == "fill")
       return fill_holes(args[1], args[2], args[3], args.size() == 5);
+    if (args.size() == 3 && args[0] == "check-skeleton") return check_skeleton(args[1], args[2]);
     std::cerr << "usage: fa-patch mutant SPEC STEPS_DIR OUT.cu | mutant-list OUT.cpp SPEC... |\n"
-                 "       skeleton SPEC STEPS_DIR OUT.cu ENTRY.cpp | fill SPEC SKELETON.cu OUT.cu [--as-exercise]\n";
+                 "       skeleton SPEC STEPS_DIR OUT.cu ENTRY.cpp | fill SPEC SKELETON.cu OUT.cu [--as-exercise] |\n"
+                 "       check-skeleton SPEC STEPS_DIR\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "fa-patch: " << e.what() << "\n";

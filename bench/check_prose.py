@@ -28,7 +28,9 @@ What it checks:
    "N plausible wrong kernels" is the number of mutants the harness must reject; "N steps, each one" /
    "N steps in all" the number of steps; "add up to N minutes" the exercises' minutes; "N probes" the
    zero-tile probes; "the N the harness cannot promise to see" the mutants left to other checks.
-5. Agendas (tables headed `| time | min | slot | what | exercise |`): each slot starts when the one before
+5. Tables of mutants (first column `mutant`, with a `from step` column) have a row for every mutant file
+   that is a mistake, with its file's step, and none for a mutant without a file.
+6. Agendas (tables headed `| time | min | slot | what | exercise |`): each slot starts when the one before
    ends, an exercise slot takes its spec's minutes, and the "Minutes: ..." line after the tables adds up.
 
 Prints each problem as FILE:LINE: what is wrong, and exits 1 if there is any.
@@ -47,15 +49,15 @@ import sys
 PROSE = ["README.md", "docs/*.md", "notebooks/README.md", "exercises/README.md"]
 PARTS = [  # (key, name), in reading order
     ("cuda-cores", "CUDA cores"),
-    ("mma-sync", "mma.sync tensor cores"),
-    ("hopper", "Hopper"),
-    ("backward", "the backward pass"),
-    ("decode", "inference: decode"),
+    ("mma-sync", "Tensor cores (mma.sync)"),
+    ("hopper", "Hopper (wgmma, TMA)"),
+    ("backward", "The backward pass"),
+    ("decode", "Inference: decode"),
 ]
 DTYPE = {"float": "f32", "__half": "f16", "__nv_bfloat16": "bf16"}
 # GPU classes a class might have, oldest first: (name, compute capability). CUDA 13's nvcc builds for
 # sm_75 and newer (`nvcc --list-gpu-arch`), so a T4 is the oldest GPU the course can run on.
-GPU_CLASSES = [("T4", 75), ("A100", 80), ("L4, RTX 40xx", 89), ("H100, H200", 90), ("B200 and newer", 100)]
+GPU_CLASSES = [("T4", 75), ("A100", 80), ("L4, RTX 40xx", 89), ("H100, H200", 90), ("B200", 100)]
 # Recorded runs' file-name prefixes in docs/results/ and the GPU each names.
 RECORDED_GPUS = [("H100", "h100-"), ("H200", "h200-"), ("A100", "a100-"), ("L4", "l4-"), ("T4", "t4-")]
 NUMBER_WORDS = {w: i for i, w in enumerate(
@@ -285,9 +287,9 @@ def gen_mistakes(facts: Facts, doc: str, root: str) -> str:
     for key, name, steps in facts.parts():
         mine = [m for m in facts.mutants if part_of.get(m["step"]) == key and m["caught_by"] != "zero-tiles"]
         harness = sum(m["caught_by"] == "harness" for m in mine)
-        out.append(f"**{name[0].upper() + name[1:]}, steps {steps[0].id}-{steps[-1].id}**: {len(mine)} mutants, "
-                   f"{harness} rejected by the harness"
-                   + (f", {len(mine) - harness} left to the tools named" if len(mine) > harness else "") + ".\n")
+        out.append(f"**{name}, steps {steps[0].id}-{steps[-1].id}**: {len(mine)} mutants, {harness} rejected by the "
+                   "harness" + (f", {len(mine) - harness} left to the checks named (compute-sanitizer's racecheck or "
+                                "memcheck, the SASS check)" if len(mine) > harness else "") + ".\n")
         if mine:
             out.append("| mutant | step | the mistake (its file's `mistake:` line) | caught by |")
             out.append("|---|---|---|---|")
@@ -367,10 +369,10 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
                 if len(between) > 120 or re.search(r"\b\d+\b", between):  # "step 07 ... at head_dim 32 and 64"
                     break
                 ids = step_ids(nxt.group(1), nxt.group(2), nxt.group(3))
-                before = mentions[-1][2]
+                before, seen = mentions[-1][2], {sid for mention in mentions for sid in mention[2]}
                 inside = nxt.group(0).startswith("(") and int(before[0]) <= int(ids[0]) and int(ids[-1]) <= int(before[-1])
-                if not inside and (int(ids[0]) <= int(before[-1]) or int(ids[-1]) > last):
-                    break  # a list goes up, or details the range before in brackets: "11 and 12 (50 min)" is not one
+                if not inside and (seen & set(ids) or int(ids[-1]) > last):
+                    break  # a list names new steps, or details the range before in brackets: "11 and 12 (50 min)" is not one
                 mentions.append((nxt.start(), nxt.end(), ids, m.group(1)))
                 pos = nxt.end()
         mentions.sort()
@@ -443,6 +445,24 @@ def check_step_table(rows: list, facts: Facts, problems: list, path: str) -> Non
     if ids[0] not in starts or ids[-1] not in ends:
         problems.append(f"{path}:{body[0][0]}: the table lists steps {ids[0]}-{ids[-1]}; a part runs "
                         + ", ".join(f"{s[0].id}-{s[-1].id}" for _, _, s in facts.parts()))
+
+
+def check_mutant_table(rows: list, facts: Facts, problems: list, path: str) -> None:
+    """A table of mutants with a `from step` column: a row for every mutant file that is a mistake (not a
+    zero-tile probe), each with its file's step, and no row for a mutant that has no file."""
+    col = rows[0][1].index("from step")
+    files = {m["name"]: m for m in facts.mutants if m["caught_by"] != "zero-tiles"}
+    named = set()
+    for number_, cells in rows[2:]:
+        name = plain(cells[0]).strip()
+        named.add(name)
+        if name not in files:
+            problems.append(f"{path}:{number_}: mutant {name} has no file in tests/mutants/")
+        elif col < len(cells) and cells[col].strip() != files[name]["step"]:
+            problems.append(f"{path}:{number_}: mutant {name} is given step {cells[col].strip()}; its file says {files[name]['step']}")
+    for name in sorted(set(files) - named):
+        problems.append(f"{path}:{rows[0][0]}: the table has no row for the mutant {name} "
+                        f"(tests/mutants/{name}.mutant, step {files[name]['step']})")
 
 
 def minutes_of(time: str) -> int:
@@ -537,6 +557,8 @@ def check_file(path: str, root: str, facts: Facts, problems: list, write: bool) 
             header = table[0][1]
             if header and header[0] == "step" and "GPU" in header:
                 check_step_table(table, facts, problems, rel)
+            if header and header[0] == "mutant" and "from step" in header:
+                check_mutant_table(table, facts, problems, rel)
             for n, cells in table[2:]:
                 for cell in cells:
                     paragraphs.append([(n, cell)])

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     const test::Exercise ex = test::exercise();
     std::printf("Exercise %s: %s (about %d minutes)\n", ex.name.c_str(), ex.title.c_str(), ex.minutes);
     if (!gpu_available()) {
-      std::printf("no CUDA device: the grader runs the exercise on a GPU (see docs/instructors.md for a hosted one)\n");
+      std::printf("no CUDA device: the grader runs the exercise on a GPU; without one here, run the course on a hosted "
+                  "GPU with notebooks/hosted_gpu.ipynb (docs/instructors.md, 'A class without local GPUs')\n");
       return 77;
     }
     std::printf("GPU: %s, seed %llu\n\n", gpu_name().c_str(), static_cast<unsigned long long>(options.seed));

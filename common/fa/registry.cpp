@@ -65,6 +65,7 @@ namespace step42 { Launcher launcher(); }
 namespace step43 { Launcher launcher(); }
 namespace step44 { Launcher launcher(); }
 namespace step45 { Launcher launcher(); }
+namespace step46 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -215,6 +216,9 @@ const std::vector<StepInfo>& all_steps() {
       {"45", "", "tensor_core_decode",
        "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
        step45::launcher()},
+      {"46", "", "lean_backward_consumer",
+       "step 40's consumers with fewer instructions a tile: the mask's test compiled out of tiles that need none, the LSE loaded before the wait for S^T",
+       step46::launcher()},
   };
   return steps;
 }

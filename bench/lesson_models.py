@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Small lane-level models shared by the notebooks of steps 06, 08 and 09.
 
-notebooks/06_sp_reuse.ipynb, 07_register_tiling.ipynb and 08_mma_fragments.ipynb each
+notebooks/06_sp_reuse.ipynb, 08_register_tiling.ipynb and 09_tensor_cores.ipynb each
 emulate one kernel's index arithmetic in numpy. The index formulas themselves stay in
 the notebooks, next to the lines of CUDA they copy; what the three share lives here:
 

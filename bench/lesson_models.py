@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Small lane-level models shared by the notebooks of steps 06, 08 and 09.
 
-notebooks/06_sp_reuse.ipynb, 07_register_tiling.ipynb and 08_mma_fragments.ipynb each
+notebooks/06_sp_reuse.ipynb, 08_register_tiling.ipynb and 09_tensor_cores.ipynb each
 emulate one kernel's index arithmetic in numpy. The index formulas themselves stay in
 the notebooks, next to the lines of CUDA they copy; what the three share lives here:
 
 * ``attention_reference``: softmax(scale * Q K^T) V for one head in float64, the
-  answer every emulation is checked against.
+  answer every emulation is checked against; ``attention_heads``, the same over every
+  (batch, head) of the course's layout with GQA, and ``TILING_SHAPES`` and ``TILINGS``, the
+  shapes and tile sizes on which notebooks 03 and 04 check their loop orders.
 * ``shfl_xor`` and ``butterfly``: a warp as 32 numpy lanes (the last axis) and the
   xor-shuffle reductions of step 02 (``warp_max``/``warp_sum``: offsets 16..1), step 08
   (``row_group_max``: 4, 8, 16) and step 09 (the quad: 1, 2), with a counter of the
@@ -48,6 +50,41 @@ def attention_reference(Q, K, V, scale=None, causal=False):
     P = np.exp(S - S.max(axis=1, keepdims=True))
     return (P / P.sum(axis=1, keepdims=True)) @ V
 
+
+
+def attention_heads(Q, K, V, scale=None, causal=False):
+    """softmax(scale * Q K^T) V in the course's layout, in float64, one head at a time.
+
+    Q is [batch, q_len, q_heads, d], K and V are [batch, kv_len, kv_heads, d]; query head h
+    reads KV head h // (q_heads / kv_heads) (GQA, MQA when kv_heads is 1). Each head is
+    ``attention_reference``, so ``causal`` is top-left aligned: what the float64 CPU
+    reference in reference/ computes.
+    """
+    Q = np.asarray(Q, dtype=np.float64)
+    B, _, Hq, _ = Q.shape
+    group = Hq // K.shape[2]
+    O = np.empty(Q.shape)
+    for b in range(B):
+        for h in range(Hq):
+            O[b, :, h] = attention_reference(Q[b, :, h], K[b, :, h // group], V[b, :, h // group], scale, causal)
+    return O
+
+
+#: (batch, q_len, kv_len, q_heads, kv_heads, d) on which notebooks 03 and 04 check a loop order
+#: against ``attention_heads``: lengths 1, 7, 100 (multiples of no tile), q_len != kv_len both
+#: ways, GQA 8/2 and MQA 8/1, head_dim 32 to 128.
+TILING_SHAPES = [
+    (1, 1, 1, 1, 1, 32),
+    (1, 7, 7, 2, 2, 32),
+    (2, 100, 100, 4, 4, 64),
+    (1, 7, 100, 2, 2, 64),      # q_len < kv_len
+    (1, 100, 7, 2, 2, 64),      # q_len > kv_len: causal rows past kv_len see every key
+    (1, 100, 130, 8, 2, 32),    # GQA
+    (1, 65, 33, 8, 1, 32),      # MQA
+    (1, 256, 256, 2, 2, 128),
+]
+#: (Br, Bc) pairs for those checks, Br != Bc in most of them.
+TILINGS = [(32, 64), (16, 32), (7, 5), (64, 16), (1, 1)]
 
 def shfl_xor(values, offset, counter: Counter | None = None, name: str = "shfl"):
     """``__shfl_xor_sync(full mask, value, offset)`` for every lane: lane L receives lane L ^ offset's value.

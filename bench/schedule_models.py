@@ -3,7 +3,7 @@
 
 These are *models*, not measurements: every latency and cost is a parameter, every
 result is arithmetic on those parameters. The notebooks that go with the steps
-(notebooks/09_async_pipeline, 11_boundary_masking, 12_causal_order) import this
+(notebooks/10_async_pipeline, 12_boundary_masking, 13_causal_order) import this
 module, derive closed forms or bounds by hand and check them against what the model
 computes.
 
@@ -33,7 +33,7 @@ computes.
   as step 12 maps them to Q tiles or reversed per head as step 13 does.
 
 * ``SM`` is a cycle model of one SM running the consumer warpgroups of steps 22-24
-  (notebooks 22_pingpong and 23_intra_warpgroup_overlap). Each warpgroup is a Python
+  (notebooks 23_pingpong and 24_intra_warpgroup_overlap). Each warpgroup is a Python
   generator of operations, in the order the kernel issues them:
 
   * ``("wgmma", label, n, cycles)``: n wgmmas of ``cycles`` each, one commit group, issued to the tensor
@@ -210,7 +210,7 @@ def causal_launch_costs(batch, heads, q_len, kv_len, reverse, br=BR, bc=BC):
     return np.tile(per_head, batch * heads)
 
 
-# ---- Steps 22-24: the consumer warpgroups of one SM, cycle by cycle (notebooks 22, 23) ----
+# ---- Steps 22-24: the consumer warpgroups of one SM, cycle by cycle (notebooks 23, 24) ----
 
 kGroupThreads = 128                    # threads in a warpgroup
 kConsumerThreads = 2 * kGroupThreads   # the two consumers: a turn barrier's phase counts them
@@ -262,7 +262,7 @@ class SM:
         self.bars = {0: NamedBarrier(0), kTurn: NamedBarrier(kTurn), kTurn + 1: NamedBarrier(kTurn + 1)}
         self.log = []                                  # (wg, what, label, start, end): pieces run, waits, softmaxes
         self.turns = []                                # (time, wg): a sync on a turn barrier released wg
-        self.timers = []                               # moments something happens outside the units (notebook 23, sec. 5)
+        self.timers = []                               # moments something happens outside the units (notebook 24, sec. 5)
 
     def _op(self, w, op):
         kind = op[0]
@@ -276,7 +276,7 @@ class SM:
             w["state"] = ("issue", Group(w["id"], unit, op[1], n, op[2] / n))
         elif kind == "wait_group":                     # ("wait_group", N) or ("wait_group", N, latency)
             need = w["groups"][:len(w["groups"]) - op[1]]
-            latency = op[2] if len(op) > 2 else 0.0               # notebook 22 gives none
+            latency = op[2] if len(op) > 2 else 0.0               # notebook 23 gives none
             w["state"] = ("wait", lambda need=need: all(g.left == 0 for g in need), "wgmma", self.now, need, latency)
         elif kind in ("sync", "arrive", "syncthreads"):
             b = 0 if kind == "syncthreads" else op[1]

@@ -1,7 +1,7 @@
 // Step 18: rescale O only when a row's max grew. Each tile multiplies every O accumulator by its row's
 // alpha = 2^(m_old - m_new), although alpha is exactly 1 whenever the tile holds no new maximum for the
 // row: for i.i.d. scores a row's max moves in tile j with chance 1/(j + 1). Here a warp votes
-// (__any_sync) and skips the multiplies when none of its 32 rows' maxima grew (notebook 17 counts how
+// (__any_sync) and skips the multiplies when none of its 32 rows' maxima grew (notebook 18 counts how
 // often that is: about a third of the tiles at 4096 keys, more on longer rows). At d = 128 that is
 // what lets K/V tiles of Bc = 64 keys fit: step 17 took 32, because 64 spilled about 200 bytes, and
 // with the rescale as a separate, skippable loop ptxas spills 28-32. Twice the keys per tile means half the Q re-reads, row-max shuffles and barriers per key.

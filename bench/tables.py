@@ -16,6 +16,11 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
     python3 bench/tables.py pages --csv docs/results/ablations/X.csv [--steps 44]
                                                # a paged cache (fa-bench --page-size N) against the contiguous one
+    python3 bench/tables.py parts --csv docs/results/X-course.csv [--part hopper] [--dtypes f32]
+                                               # the top README's tables, one a part of the course, from the
+                                               # one recorded run (bench/course_run.sh)
+    python3 bench/tables.py parts --check README.md    # every generated table block in README.md, re-printed
+    python3 bench/tables.py parts --write README.md    # from the CSV its marker names: compare, or rewrite
 
 It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader. Every table but
 `backward` and `decode` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
@@ -28,6 +33,7 @@ import statistics
 import glob
 import math
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -358,11 +364,125 @@ def pages(rows, steps=()) -> str:
     return "\n".join(lines)
 
 
+#: Where each part of the course is timed (bench/course_run.sh records them all in one run): its pass, then its
+#: columns, (title, (B, Nq, Nkv, Hq, Hkv, d)); the first is the shape where the part's lessons act, the others
+#: are beside it (the other head_dim; the backward's CUDA-core steps at the teaching shape). The parts and
+#: their steps are bench/check_prose.py's, which reads them from the steps' sources.
+PART_SHAPES = {
+    "cuda-cores": ("forward", [("teaching, d = 64", (4, 1024, 1024, 8, 8, 64)),
+                               ("teaching, d = 128", (4, 1024, 1024, 8, 8, 128))]),
+    "mma-sync": ("forward", [("headline, d = 64", (4, 4096, 4096, 16, 16, 64)),
+                             ("headline, d = 128", (4, 4096, 4096, 16, 16, 128))]),
+    "hopper": ("forward", [("headline, d = 128", (4, 4096, 4096, 16, 16, 128)),
+                           ("headline, d = 64", (4, 4096, 4096, 16, 16, 64))]),
+    "backward": ("backward", [("B=4 N=4096, d = 128", (4, 4096, 4096, 16, 16, 128)),
+                              ("B=4 N=4096, d = 64", (4, 4096, 4096, 16, 16, 64)),
+                              ("teaching, d = 64", (4, 1024, 1024, 8, 8, 64))]),
+    "decode": ("decode", [("B=8 8192 32/8", (8, 1, 8192, 32, 8, 128)), ("B=1 131072 32/8", (1, 1, 131072, 32, 8, 128)),
+                          ("B=64 2048 32/8", (64, 1, 2048, 32, 8, 128)), ("B=8 8192 16/16 d=64", (8, 1, 8192, 16, 16, 64))]),
+}
+#: The peers each part's table shows, after its steps.
+PART_PEERS = {"cuda-cores": ["cublas"], "mma-sync": ["cublas", "sdpa-flash", "sdpa-cudnn"],
+              "hopper": ["cublas", "sdpa-flash", "sdpa-cudnn", "fa3"], "backward": ["sdpa-flash", "sdpa-cudnn", "fa3"],
+              "decode": ["sdpa-flash", "sdpa-cudnn"]}
+
+
+def part_steps() -> dict:
+    """part key -> the step ids in it, in order, read from the steps' sources (bench/check_prose.py)."""
+    import check_prose  # noqa: E402  the one place that knows which part a step belongs to
+    out: dict = {}
+    for step in check_prose.steps_from_sources(plots.REPO):
+        out.setdefault(step.part, []).append(step.id)
+    return out
+
+
+def part(rows, key: str, dtype: str = "f16") -> str:
+    """One part's table: its steps (each its fastest variant in each column) and its peers, non-causal, in `dtype`;
+    ms and TFLOPS (decode: TB/s) in each column, and the first column's speedup over the step before."""
+    pass_, columns = PART_SHAPES[key]
+    ids = part_steps().get(key, [])
+    decode = pass_ == "decode"
+    best: dict = {}  # (name, column) -> the fastest row
+    for r in rows:
+        if r["pass"] != pass_ or r["dtype"] != dtype or r["causal"] != 0:
+            continue
+        shape = (r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"])
+        name = r["step"] if r["step"] in ids else r["step"] if r["step"] in PART_PEERS[key] else None
+        for c, (_, want) in enumerate(columns):
+            if name and shape == want and ((name, c) not in best or r["ms"] < best[(name, c)]["ms"]):
+                best[(name, c)] = r
+    names = [i for i in ids if any((i, c) in best for c in range(len(columns)))]
+    names += [p for p in PART_PEERS[key] if any((p, c) in best for c in range(len(columns)))]
+    unit = "TB/s" if decode else "ms | TFLOPS"
+    head = ["step"] + [f"{title} {u}" for title, _ in columns for u in unit.split(" | ")] + ["× prev"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    previous = None
+    for name in names:
+        main = best.get((name, 0))
+        peer = name not in ids
+        variant = main["variant"] if main is not None and main["variant"] else ""
+        cells = [(PEER_COLUMN.get(name) or plots.PEER_NAMES.get(name, name)) if peer
+                 else name + (f" ({variant})" if variant else "")]
+        for c in range(len(columns)):
+            r = best.get((name, c))
+            if decode:
+                cells.append(_fmt(r["gbps"] / 1000) if r is not None else "–")
+            else:
+                cells += [_fmt(r["ms"], 4), _fmt(r["tflops"])] if r is not None else ["–", "–"]
+        value = (main["gbps"] if decode else 1 / main["ms"]) if main is not None else None
+        cells.append(f"{_fmt(value / previous)}×" if value and previous and not peer else "–")
+        if value and not peer:
+            previous = value
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+_BLOCK = re.compile(r"(<!-- course-table (\S+) (\S+) (\S+) -->\n)(.*?)(<!-- end course-table -->)", re.S)
+
+
+def part_blocks(path: str, write: bool) -> int:
+    """The generated table blocks of a Markdown file, `<!-- course-table PART DTYPE CSV -->` ... `<!-- end
+    course-table -->` (CSV relative to the repository): each re-printed from its CSV; with `write` the file is
+    rewritten, else every block that differs is reported. The exit status: 0 all equal (or written), 1 not."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    problems = []
+
+    def regenerate(m):
+        key, dtype, csv_path = m.group(2), m.group(3), m.group(4)
+        if key not in PART_SHAPES:
+            problems.append(f"{path}: unknown part '{key}' (known: {', '.join(PART_SHAPES)})")
+            return m.group(0)
+        table = part(plots.load([os.path.join(plots.REPO, csv_path)]), key, dtype)
+        if m.group(5).rstrip("\n") != table:
+            line = text.count("\n", 0, m.start()) + 1
+            problems.append(f"{path}:{line}: the {key} table ({dtype}) is not what {csv_path} prints "
+                            f"(python3 bench/tables.py parts --write {os.path.relpath(path, plots.REPO)})")
+        return m.group(1) + table + "\n" + m.group(6)
+
+    new = _BLOCK.sub(regenerate, text)
+    blocks = len(_BLOCK.findall(text))
+    if write:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+        print(f"{path}: {blocks} course table(s) written")
+        return 0 if not any("unknown part" in p for p in problems) else 1
+    for p in problems:
+        print(p)
+    print(f"{path}: {blocks} course table(s), {len(problems)} differ(s)")
+    return 1 if problems else 0
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages"])
+                                          "pages", "parts"])
+    parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
+                        "CUDA-core steps' chain)")
+    parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
+    parser.add_argument("--check", metavar="MD", help="parts: re-print MD's course-table blocks and compare")
+    parser.add_argument("--write", metavar="MD", help="parts: re-print MD's course-table blocks into it")
     parser.add_argument("--old", nargs="*", default=[], help="compare: the old tree's CSVs")
     parser.add_argument("--new", nargs="*", default=[], help="compare: the new tree's CSVs")
     parser.add_argument("--pair", nargs="*", default=[], help="compare: NEW=OLD labels to set side by side")
@@ -381,6 +501,15 @@ def main(argv=None) -> int:
         return plots.select(plots.load(paths), **{"pass": args.pass_})
 
     steps = [s for s in args.steps.split(",") if s]
+    if args.table == "parts":
+        if args.check or args.write:
+            return part_blocks(args.check or args.write, write=bool(args.write))
+        if args.part and args.part not in PART_SHAPES:
+            parser.error(f"--part: unknown part '{args.part}', expected one of {', '.join(PART_SHAPES)}")
+        keys = [args.part] if args.part else list(PART_SHAPES)
+        rows = plots.load(paths)
+        print("\n\n".join(f"{k}:\n{part(rows, k, args.dtype)}" for k in keys))
+        return 0
     if args.table == "backward":
         print(backward(plots.load(paths), steps, args.head_dim, args.suite))
         return 0

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""The top README's course tables are printed from the one recorded CSV, byte for byte.
+
+Plain asserts, no pytest. `bench/tables.py parts --check FILE` re-prints every block of FILE between
+`<!-- course-table PART DTYPE CSV -->` and `<!-- end course-table -->` from the CSV its marker names.
+First the fixture (tests/data/course/: one table from a few rows) must pass; then a copy with one number
+changed, one with a row dropped and one naming an unknown part must each fail; `--write` must restore the
+changed copy. Then the real README.md must pass.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+TABLES = os.path.join(ROOT, "bench", "tables.py")
+FIXTURE = os.path.join(ROOT, "tests", "data", "course", "README.md")
+
+
+def run(*args):
+    done = subprocess.run([sys.executable, TABLES, "parts", *args], capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def main() -> int:
+    code, out = run("--check", FIXTURE)
+    assert code == 0, f"the fixture should pass:\n{out}"
+    with open(FIXTURE, encoding="utf-8") as f:
+        good = f.read()
+    assert "| 02 | 17.47 |" in good, "the fixture lost the row this test edits"
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "README.md")
+        for name, text in (("a changed number", good.replace("| 02 | 17.47 |", "| 02 | 16.47 |")),
+                           ("a dropped row", "\n".join(l for l in good.split("\n") if not l.startswith("| 03 "))),
+                           ("an unknown part", good.replace("course-table cuda-cores", "course-table cuda-core"))):
+            with open(copy, "w", encoding="utf-8") as f:
+                f.write(text)
+            code, out = run("--check", copy)
+            assert code == 1, f"{name} should fail the check:\n{out}"
+        with open(copy, "w", encoding="utf-8") as f:
+            f.write(good.replace("| 02 | 17.47 |", "| 02 | 16.47 |"))
+        code, out = run("--write", copy)
+        assert code == 0, out
+        with open(copy, encoding="utf-8") as f:
+            assert f.read() == good, "--write should restore the table"
+    code, out = run("--check", os.path.join(ROOT, "README.md"))
+    assert code == 0, f"README.md's course tables differ from their recorded CSV:\n{out}"
+    print("course tables: the checker catches a changed number, a dropped row and an unknown part;", out.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,15 +10,18 @@ cannot go stale as steps are added.
 
 The facts: every step's id, folder, oldest GPU (`min_arch`, and `arch_specific` for sm_90a: runs on sm_90
 alone), pass, dtypes and whether it takes a KV cache; from them each step's part of the course (CUDA cores,
-mma.sync, Hopper, backward, inference: decode). Also every exercise's minutes (exercises/*/exercise.spec),
-every mutant's step, checker and mistake (tests/mutants/*.mutant) and the GPUs of the recorded runs
-(docs/results/). The prose: README.md, docs/*.md, notebooks/README.md and exercises/README.md.
+mma.sync, Hopper, backward, inference: decode). A part may be more than one run of numbers: the backward is
+26-40 and 46, since a step added to a part after the next part began takes the next free number. Also every
+exercise's minutes (exercises/*/exercise.spec), every mutant's step, checker and mistake (tests/mutants/*.mutant)
+and the GPUs of the recorded runs (docs/results/). The prose: README.md, docs/*.md, notebooks/README.md and
+exercises/README.md.
 
 What it checks:
 1. Generated blocks, `<!-- generated: NAME ... -->` to `<!-- end generated -->`, hold exactly what
    `--write` would put there (step tables by part, GPU classes, mistakes by part).
 2. Step tables (a Markdown table whose first column is `step` and which has a `GPU` column): every row's
-   GPU matches its step, the rows are consecutive steps, and the table starts and ends where a part does.
+   GPU matches its step, each row's step follows the one before in number or in its part (40, then 46), and
+   the table starts and ends where a part does.
 3. Claims in a clause: "steps 09-18 need sm_80 or newer", "exercises 20-25 ... sm_90 exactly", "step 29:
    ..., sm_90", "26 and 27 run on any GPU", "steps 28-37 ... (f16 and bf16)". A step or exercise range (NN,
    NN-MM, NN to MM, NN and MM) and, before the next range or the clause's end (`;` or `.`), a GPU (any
@@ -214,15 +217,20 @@ def read_facts(root: str, fa_run: str | None, problems: list) -> Facts:
 
 # ---------------------------------------------------------------- generated blocks
 
-def span(ids: list) -> str:
-    """'09-18, 20' for ['09', ..., '18', '20']."""
+def runs_of(ids: list) -> list:
+    """[['09', ..., '18'], ['20']] for ['09', ..., '18', '20']: runs of consecutive numbers."""
     runs = []
     for sid in ids:
         if runs and int(sid) == int(runs[-1][-1]) + 1:
             runs[-1].append(sid)
         else:
             runs.append([sid])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
+    return runs
+
+
+def span(ids: list) -> str:
+    """'09-18, 20' for ['09', ..., '18', '20']."""
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs_of(ids)) or "none"
 
 
 def gpu_words(step: Step) -> str:
@@ -253,16 +261,10 @@ def link(doc: str, root: str, target: str) -> str:
 def gen_parts(facts: Facts, doc: str, root: str) -> str:
     rows = ["| part | steps | GPU | exercises |", "|---|---|---|---:|"]
     for _, name, steps in facts.parts():
-        # Runs of consecutive steps, each linked by its first and last step: "26-40, 46" (a part may go on
-        # after a later part began, as the backward does after the decode steps).
-        runs = []
-        for step in steps:
-            if runs and int(step.id) == int(runs[-1][-1].id) + 1:
-                runs[-1].append(step)
-            else:
-                runs.append([step])
-        linked = lambda s: f"[{s.id}]({link(doc, root, 'steps/' + s.dir + '/README.md')})"  # noqa: E731
-        ids = ", ".join(linked(r[0]) + ("" if len(r) == 1 else "-" + linked(r[-1])) for r in runs)
+        by_id = {s.id: s for s in steps}
+        cite = lambda s: f"[{s.id}]({link(doc, root, 'steps/' + s.dir + '/README.md')})"  # noqa: E731
+        ids = ", ".join(cite(by_id[r[0]]) + (f"-{cite(by_id[r[-1]])}" if len(r) > 1 else "")
+                        for r in runs_of([s.id for s in steps]))
         minutes = sum(facts.minutes.get(s.id, 0) for s in steps)
         rows.append(f"| {name} | {ids} | {by_gpu(steps)} | {len(steps)}, {minutes // 60} h {minutes % 60:02d} min |")
     return "\n".join(rows) + "\n"
@@ -294,7 +296,7 @@ def gen_mistakes(facts: Facts, doc: str, root: str) -> str:
     for key, name, steps in facts.parts():
         mine = [m for m in facts.mutants if part_of.get(m["step"]) == key and m["caught_by"] != "zero-tiles"]
         harness = sum(m["caught_by"] == "harness" for m in mine)
-        out.append(f"**{name}, steps {steps[0].id}-{steps[-1].id}**: {len(mine)} mutants, {harness} rejected by the "
+        out.append(f"**{name}, steps {span([s.id for s in steps])}**: {len(mine)} mutants, {harness} rejected by the "
                    "harness" + (f", {len(mine) - harness} left to the checks named (compute-sanitizer's racecheck or "
                                 "memcheck, the SASS check)" if len(mine) > harness else "") + ".\n")
         if mine:
@@ -446,13 +448,13 @@ def check_step_table(rows: list, facts: Facts, problems: list, path: str) -> Non
         return
     starts = {steps[0].id for _, _, steps in facts.parts()}
     ends = {steps[-1].id for _, _, steps in facts.parts()}
-    # The step after each step within its part (a part's steps need not be consecutive numbers: 40, then 46).
-    following = {a.id: b.id for _, _, steps in facts.parts() for a, b in zip(steps, steps[1:])}
+    # A row follows the step before it in number, or in its part (the backward's 40 is followed by 46).
+    next_in_part = {a.id: b.id for _, _, steps in facts.parts() for a, b in zip(steps, steps[1:])}
     for a, b in zip(ids, ids[1:]):
-        if b != following.get(a) and int(b) != int(a) + 1:
+        if int(b) != int(a) + 1 and next_in_part.get(a) != b:
             problems.append(f"{path}:{body[0][0]}: the table goes from step {a} to {b}: steps are missing or out of order")
     if ids[0] not in starts or ids[-1] not in ends:
-        problems.append(f"{path}:{body[0][0]}: the table lists steps {ids[0]}-{ids[-1]}; the parts run "
+        problems.append(f"{path}:{body[0][0]}: the table lists steps {span(ids)}; a part runs "
                         + "; ".join(span([s.id for s in steps]) for _, _, steps in facts.parts()))
 
 

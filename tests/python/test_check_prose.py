@@ -8,9 +8,10 @@ built fa-run is given (ctest passes it) and from the step sources otherwise. The
 checker reads (the step sources, exercise specs, mutants, recorded CSVs and the prose), one wrong claim at a
 time is written into the prose: a range of steps with the wrong GPU, a step table's wrong GPU cell, wrong
 dtypes, a count one off, a step past the last, the wrong last step, an edited generated block, an agenda slot
-that starts late, a mutant missing from its table, a step table that stops inside a part. The checker must
-name each one and exit 1, and pass again once it is undone (the generated block by --write). With fa-run, a
-step source that disagrees with the built registry must be reported too.
+that starts late, a mutant missing from its table, a step table that stops inside a part (also one that stops
+before the second run of a part in two runs: the backward's 46). The checker must name each one and exit 1, and
+pass again once it is undone (the generated block by --write). With fa-run, a step source that disagrees with the
+built registry must be reported too.
 """
 import glob
 import os
@@ -77,8 +78,9 @@ with tempfile.TemporaryDirectory() as tree:
           r'plausible wrong kernels": there are \d+ mutants the harness must reject')
     wrong("docs/instructors.md", r"add up to (\d+) minutes", lambda m: f"add up to {int(m.group(1)) - 5} minutes",
           r"minutes of the exercises' specs")
-    wrong("README.md", r"(## Start here\n)", r"\1\nStep 46 is where the course ends.\n",
-          r"step 46 does not exist: the last step is \d\d")
+    past = max(int(os.path.basename(d)[:2]) for d in glob.glob(os.path.join(ROOT, "steps", "[0-9][0-9]_*"))) + 1
+    wrong("README.md", r"(## Start here\n)", rf"\1\nStep {past} is where the course ends.\n",
+          rf"step {past} does not exist: the last step is \d\d")
     wrong("README.md", r"(…\s+`)step(\d\d)(/…`)", r"\1step13\3", r'"… step13" names step 13 as the last')
     wrong("README.md", r"\| Hopper \(wgmma, TMA\) \|[^\n]*\n", "",
           r"README\.md:\d+: the generated block 'parts' differs from what the registry gives")
@@ -89,6 +91,8 @@ with tempfile.TemporaryDirectory() as tree:
     wrong("docs/instructors.md", r"\n\| `gqa_modulo` \|[^\n]*", "",
           r"the table has no row for the mutant gqa_modulo")
     wrong("docs/mainpage.md", r"\n\| \[45 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 41-44")
+    # A part in two runs (the backward: 26-40, then 46): its table must reach the second.
+    wrong("README.md", r"\n\| \[46 [^\n]*", "", r"README\.md:\d+: the table lists steps 26-40; a part runs .*26-40, 46")
 
     # --write puts an edited generated block back.
     readme = os.path.join(tree, "README.md")

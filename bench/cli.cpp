@@ -111,7 +111,8 @@ void print_step_list(std::ostream& out) {
         << std::setw(8) << s->min_gpu() << std::setw(10) << to_string(s->pass) << s->summary << cache_note(*s) << "\n";
   out << "GPU: the lowest compute capability a step needs (sm_80: Ampere or newer); any: every CUDA GPU.\n"
          "pass: forward steps compute O (and LSE) from Q, K, V; backward steps dQ, dK, dV from Q, K, V, O, LSE, dO.\n"
-         "A step id selects all its variants (--steps 05); a label selects one (--step 05-pad1).\n"
+         "A step id selects all its variants (fa-bench --steps 05, 11: 11 and 11-f32); a label selects one\n"
+         "(fa-run --step 05-pad1, --step 11).\n"
          "KV cache: the forms a step takes beyond contiguous K/V of one length and a top-left causal mask\n"
          "(per-sequence lengths, pages, a bottom-right causal mask) follow its summary; the others refuse them.\n";
 }

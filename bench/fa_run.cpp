@@ -143,14 +143,7 @@ int run(int argc, char** argv) {
     std::cout << kHelp;
     return args.has("help") ? 0 : 1;
   }
-  const auto selected = select_steps(args.get("step", ""));
-  if (selected.size() != 1) {
-    std::string labels;
-    for (const StepInfo* s : selected) labels += (labels.empty() ? "" : ", ") + s->label();
-    throw std::invalid_argument("--step " + args.get("step", "") + " names " + std::to_string(selected.size()) +
-                                " implementations; name one: " + labels + " (fa-run --list shows them all)");
-  }
-  const StepInfo& step = *selected.front();
+  const StepInfo& step = step_named(args.get("step", ""), "fa-run --list");
   const bool backward = step.pass == Pass::backward;
   refuse_other_pass(step, args);
 

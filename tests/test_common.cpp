@@ -194,6 +194,33 @@ TEST_CASE("the registry lists every step once, in course order", "[cpu][registry
   CHECK_THROWS_WITH(select_steps("99"), Contains("'99'"));
 }
 
+TEST_CASE("a tool that runs one step takes an exact label, and refuses an id of variants or nothing by name",
+          "[cpu][registry]") {
+  // Issue 34: "11" is step 11's own label, though 11-f32 shares its id; "05" only an id of four variants.
+  CHECK(step_named("11", "fa-run --list").label() == "11");
+  CHECK(step_named("11-f32", "fa-run --list").label() == "11-f32");
+  CHECK(step_named("05-pad4", "fa-run --list").label() == "05-pad4");
+  CHECK(&step_named("cublas", "fa-run --list") == &cublas_baseline());
+  CHECK_THROWS_WITH(step_named("05", "fa-run --list"),
+                    Contains("step '05' names 4 implementations; name one: 05-pad1, 05-pad4, 05-pad4_vec4, 05-transpose "
+                             "(fa-run --list shows them all)"));
+  // fa-bench --steps and the tests' --step keep selecting every variant of an id.
+  CHECK(select_steps("11").size() == 2);
+  // A refusal lists what is known, from the first id to the last, and the baseline.
+  const std::string known = "known: " + all_steps().front().id;
+  CHECK_THROWS_WITH(step_named("99", "fa-run --list"),
+                    Contains("no step or baseline called '99'; " + known) && Contains(all_steps().back().id) &&
+                        Contains("05-pad1") && Contains(", cublas"));
+  CHECK_THROWS_WITH(select_steps("01,zz"), Contains("no step or baseline called 'zz'; " + known));
+  // ...and what the item may have meant.
+  CHECK_THAT(unknown_step_message("5"), Contains("called '5' (did you mean 05?)"));
+  CHECK_THAT(unknown_step_message("naive"), Contains("(did you mean 01?)"));
+  CHECK_THAT(unknown_step_message("01_naive"), Contains("(did you mean 01?)"));
+  CHECK_THAT(unknown_step_message("24x"), Contains("(did you mean 24?)"));
+  CHECK_THAT(unknown_step_message("05-pad"), Contains("(did you mean 05-pad1, 05-pad4 or 05-pad4_vec4?)"));
+  CHECK_THAT(unknown_step_message("zz"), !Contains("did you mean"));
+}
+
 TEST_CASE("a backward's O and LSE come from a forward step for whole query sequences, never a decode step",
           "[cpu][registry]") {
   // The decode steps are forward steps too, and the last in the registry; they take at most a few new tokens.

@@ -53,23 +53,28 @@ std::vector<std::string> Args::split(const std::string& text, char separator) {
   return items;
 }
 
-std::vector<int> Args::parse_ints(const std::string& text, std::size_t count, const std::string& what) {
+std::vector<int> Args::parse_ints(const std::string& text, const std::vector<std::string>& names,
+                                  const std::string& what) {
+  const std::vector<std::string> items = split(text);
+  if (items.size() != names.size()) {
+    std::string fields;
+    for (const auto& name : names) fields += (fields.empty() ? "" : ", ") + name;
+    throw std::invalid_argument(what + ": expected " + std::to_string(names.size()) + " comma-separated values (" +
+                                fields + "), got '" + text + "'");
+  }
   std::vector<int> values;
-  for (const auto& item : split(text)) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
     std::size_t used = 0;
     int value = 0;
     try {
-      value = std::stoi(item, &used);
+      value = std::stoi(items[i], &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || value < 1)
-      throw std::invalid_argument(what + ": '" + item + "' is not a positive integer");
+    if (used != items[i].size() || value < 1)
+      throw std::invalid_argument(what + " " + text + ": " + names[i] + " = " + items[i] + " is not a positive integer");
     values.push_back(value);
   }
-  if (values.size() != count)
-    throw std::invalid_argument(what + ": expected " + std::to_string(count) + " comma-separated values, got '" +
-                                text + "'");
   return values;
 }
 

@@ -508,7 +508,7 @@ int run(int argc, char** argv) {
   if (suite == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));
   std::vector<Shape> shapes;
   if (args.has("shape")) {
-    const auto v = Args::parse_ints(args.get("shape", ""), 6, "--shape");
+    const auto v = Args::parse_ints(args.get("shape", ""), kShapeFields, "--shape");
     shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, /*forward=*/true, /*backward=*/true});
   } else {
     shapes = suite_shapes(suite);

@@ -159,7 +159,7 @@ int run(int argc, char** argv) {
   };
   if (args.has("random")) {
     if (!args.has("dump")) throw std::invalid_argument("--random needs --dump DIR");
-    const auto v = Args::parse_ints(args.get("random", ""), 6, "--random");
+    const auto v = Args::parse_ints(args.get("random", ""), kShapeFields, "--random");
     p.batch = v[0], p.q_len = v[1], p.kv_len = v[2], p.q_heads = v[3], p.kv_heads = v[4], p.head_dim = v[5];
     p.dtype = parse_dtype(args.get("dtype", "f32"));
     if (args.has("page-size")) {  // every sequence's pages distinct: a pool of batch * kv_len / page_size pages

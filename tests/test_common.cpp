@@ -1,4 +1,5 @@
 // CPU tests of the shared pieces: validation, comparison, tensors, .npy, registry.
+#include "fa/call_shapes.hpp"
 #include "fa/compare.hpp"
 #include "fa/host_tensor.hpp"
 #include "fa/npy.hpp"
@@ -43,6 +44,19 @@ TEST_CASE("validate names the bad field and its value", "[cpu][problem]") {
     CHECK_NOTHROW(validate(p));
   }
   SECTION("the exception type") { p.batch = 0; CHECK_THROWS_AS(validate(p), InvalidProblem); }
+}
+
+TEST_CASE("a zero-length dimension of a call's tensors is named by its field and its tensor", "[cpu][problem]") {
+  // Issue 34: the message named neither ("every dimension must be between 1 and 2^30").
+  const TensorShape q{"q.npy", {1, 4, 2, 32}, DType::f32}, k{"k.npy", {1, 4, 2, 32}, DType::f32};
+  CHECK(problem_from(q, k, k).q_len == 4);
+  CHECK_THROWS_WITH(problem_from({"q.npy", {1, 0, 2, 32}, DType::f32}, k, k),
+                    Contains("q.npy: Q [1, 0, 2, 32] has q_len (dim 1) = 0"));
+  CHECK_THROWS_WITH(problem_from({"q.npy", {0, 4, 2, 32}, DType::f32}, {"k.npy", {0, 4, 2, 32}, DType::f32},
+                                 {"v.npy", {0, 4, 2, 32}, DType::f32}),
+                    Contains("q.npy: Q [0, 4, 2, 32] has batch (dim 0) = 0"));
+  const TensorShape no_heads{"k.npy", {1, 4, 0, 32}, DType::f32};
+  CHECK_THROWS_WITH(problem_from(q, no_heads, no_heads), Contains("k.npy: K [1, 4, 0, 32] has kv_heads (dim 2) = 0"));
 }
 
 TEST_CASE("flops follow 4*B*H*Nq*Nkv*d, halved when causal", "[cpu][problem]") {

@@ -53,23 +53,28 @@ std::vector<std::string> Args::split(const std::string& text, char separator) {
   return items;
 }
 
-std::vector<int> Args::parse_ints(const std::string& text, std::size_t count, const std::string& what) {
+std::vector<int> Args::parse_ints(const std::string& text, const std::vector<std::string>& names,
+                                  const std::string& what) {
+  const std::vector<std::string> items = split(text);
+  if (items.size() != names.size()) {
+    std::string fields;
+    for (const auto& name : names) fields += (fields.empty() ? "" : ", ") + name;
+    throw std::invalid_argument(what + ": expected " + std::to_string(names.size()) + " comma-separated values (" +
+                                fields + "), got '" + text + "'");
+  }
   std::vector<int> values;
-  for (const auto& item : split(text)) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
     std::size_t used = 0;
     int value = 0;
     try {
-      value = std::stoi(item, &used);
+      value = std::stoi(items[i], &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || value < 1)
-      throw std::invalid_argument(what + ": '" + item + "' is not a positive integer");
+    if (used != items[i].size() || value < 1)
+      throw std::invalid_argument(what + " " + text + ": " + names[i] + " = " + items[i] + " is not a positive integer");
     values.push_back(value);
   }
-  if (values.size() != count)
-    throw std::invalid_argument(what + ": expected " + std::to_string(count) + " comma-separated values, got '" +
-                                text + "'");
   return values;
 }
 
@@ -111,7 +116,8 @@ void print_step_list(std::ostream& out) {
         << std::setw(8) << s->min_gpu() << std::setw(10) << to_string(s->pass) << s->summary << cache_note(*s) << "\n";
   out << "GPU: the lowest compute capability a step needs (sm_80: Ampere or newer); any: every CUDA GPU.\n"
          "pass: forward steps compute O (and LSE) from Q, K, V; backward steps dQ, dK, dV from Q, K, V, O, LSE, dO.\n"
-         "A step id selects all its variants (--steps 05); a label selects one (--step 05-pad1).\n"
+         "A step id selects all its variants (fa-bench --steps 05, 11: 11 and 11-f32); a label selects one\n"
+         "(fa-run --step 05-pad1, --step 11).\n"
          "KV cache: the forms a step takes beyond contiguous K/V of one length and a top-left causal mask\n"
          "(per-sequence lengths, pages, a bottom-right causal mask) follow its summary; the others refuse them.\n";
 }

@@ -24,6 +24,9 @@ int main_guarded(const char* tool, int (*run)(int, char**), int argc, char** arg
 /// Throws std::invalid_argument unless `step` takes p's dtype and head_dim, naming what it takes.
 void refuse_unsupported(const StepInfo& step, const AttentionProblem& p);
 
+/// The fields of a shape written B,Nq,Nkv,Hq,Hkv,d (fa-run --random, fa-bench --shape), named as in AttentionProblem.
+inline const std::vector<std::string> kShapeFields = {"batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim"};
+
 /// "--name value" options and "--flag" switches. Unknown names are errors,
 /// so a typo never silently falls back to a default.
 class Args {
@@ -38,8 +41,10 @@ class Args {
   double get_number(const std::string& name, double fallback) const;
   /// Splits "a,b,c" into items.
   static std::vector<std::string> split(const std::string& text, char separator = ',');
-  /// Parses "4,1024,1024,8,8,64" into six positive ints.
-  static std::vector<int> parse_ints(const std::string& text, std::size_t count, const std::string& what);
+  /// Parses "4,1024,1024,8,8,64" into one positive int per name of `names`; an error names the option (`what`)
+  /// and the value's field ("--random 1,0,8,2,2,64: q_len = 0 is not a positive integer").
+  static std::vector<int> parse_ints(const std::string& text, const std::vector<std::string>& names,
+                                     const std::string& what);
 
  private:
   std::map<std::string, std::string> values_;

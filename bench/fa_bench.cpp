@@ -42,8 +42,29 @@ namespace {
 
 using namespace fa;
 
-const char* kHelp = R"(usage: fa-bench [options]
-  --suite teaching|headline|sweep|all|backward|decode|accuracy|accuracy-wide|trace
+// The suites --suite takes, in the help's order: the help and the refusal of another name read them here.
+constexpr std::array<const char*, 9> kSuites = {"teaching", "headline", "sweep",         "all",  "backward",
+                                                "decode",   "accuracy", "accuracy-wide", "trace"};
+
+/// "teaching|headline|...|trace": every suite.
+std::string suite_names() {
+  std::string names;
+  for (const char* suite : kSuites) {
+    if (!names.empty()) names += '|';
+    names += suite;
+  }
+  return names;
+}
+
+/// `suite`, when --suite takes it; otherwise a refusal that lists the suites.
+std::string known_suite(const std::string& suite) {
+  for (const char* known : kSuites)
+    if (suite == known) return suite;
+  throw std::invalid_argument("unknown suite '" + suite + "'; --suite takes " + suite_names());
+}
+
+// The help after "--suite ": suite_names() comes first.
+const char* kHelpAfterSuites = R"(
                                         shapes to time (default teaching)
                                         teaching: B=4 H=8 N=1024 d=64, for forward and backward steps;
                                         headline: B=4 H=16 N=4096 d=64; sweep: B=1 H=16 d=64,
@@ -139,7 +160,7 @@ std::vector<Shape> suite_shapes(const std::string& suite) {
   if (suite == "accuracy" || suite == "accuracy-wide")
     for (int n = 1024; n <= 32768; n *= 2)
       shapes.push_back({suite, 1, n, n, 4, 4, 64, suite == "accuracy" ? 1.0 : 30.0});
-  if (shapes.empty()) throw std::invalid_argument("unknown suite '" + suite + "'");
+  if (shapes.empty()) throw std::logic_error("suite '" + suite + "' has no shapes (kSuites lists it; add them here)");
   return shapes;
 }
 
@@ -475,19 +496,19 @@ int run(int argc, char** argv) {
                    "page-size"},
                   {"help", "no-baseline", "resources", "list"});
   if (args.has("help")) {
-    std::cout << kHelp;
+    std::cout << "usage: fa-bench [options]\n  --suite " << suite_names() << kHelpAfterSuites;
     return 0;
   }
   if (args.has("list")) {
     print_step_list(std::cout);
     return 0;
   }
-  if (args.get("suite", "") == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));
   // Everything the options say is checked before the GPU is touched.
+  const std::string suite = known_suite(args.get("suite", "teaching"));
+  if (suite == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));
   std::vector<Shape> shapes;
-  const std::string suite = args.get("suite", "teaching");
   if (args.has("shape")) {
-    const auto v = Args::parse_ints(args.get("shape", ""), 6, "--shape");
+    const auto v = Args::parse_ints(args.get("shape", ""), kShapeFields, "--shape");
     shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, /*forward=*/true, /*backward=*/true});
   } else {
     shapes = suite_shapes(suite);

@@ -30,6 +30,7 @@
 #include "fa/registry.hpp"
 #include "reference.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -68,6 +69,27 @@ TensorShape shape_of(const HostTensor& t, const std::string& file) { return {fil
 AttentionProblem problem_from(const AttentionInputs& in, const std::string (&files)[3]) {
   return fa::problem_from(shape_of(in.q, files[0]), shape_of(in.k, files[1]), shape_of(in.v, files[2]),
                           "(f32, f16 or bf16 as float32 with --dtype bf16)");
+}
+
+// Refuses files of dtype `held` for --dtype `asked` (other than float32 files for bf16, which are rounded): names
+// what the files hold, what --dtype reads, and how to save them so. `files` names Q, K, V.
+[[noreturn]] void refuse_file_dtype(const std::string (&files)[3], DType held, DType asked) {
+  // NumPy has no bfloat16: --dtype bf16 reads float32 files, so a file is float32 or float16.
+  auto numpy_type = [](DType d) { return d == DType::f16 ? std::string("float16") : std::string("float32"); };
+  auto descr = [](DType d) { return d == DType::f16 ? std::string("'<f2'") : std::string("'<f4'"); };
+  const DType reads = asked == DType::bf16 ? DType::f32 : asked;
+  std::vector<std::string> distinct;  // each file once
+  for (const std::string& file : files)
+    if (std::find(distinct.begin(), distinct.end(), file) == distinct.end()) distinct.push_back(file);
+  std::string names;
+  for (std::size_t i = 0; i < distinct.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == distinct.size() ? " and " : ", ") + distinct[i];
+  throw std::invalid_argument(names + (distinct.size() == 1 ? " holds " : " hold ") + numpy_type(held) + " (" +
+                              descr(held) + "); --dtype " + to_string(asked) + " reads " + numpy_type(reads) + " (" +
+                              descr(reads) + ") files" +
+                              (asked == DType::bf16 ? ", rounded to bf16 (numpy has no bfloat16)" : "") +
+                              ": save them with numpy's .astype(np." + numpy_type(reads) + "), or pass --dtype " +
+                              to_string(held) + " for a step that takes " + to_string(held) + " (fa-run --list)");
 }
 
 // The KV cache's per-sequence lengths: --kv-lens as a comma list, or an int32 .npy of B values.
@@ -143,14 +165,7 @@ int run(int argc, char** argv) {
     std::cout << kHelp;
     return args.has("help") ? 0 : 1;
   }
-  const auto selected = select_steps(args.get("step", ""));
-  if (selected.size() != 1) {
-    std::string labels;
-    for (const StepInfo* s : selected) labels += (labels.empty() ? "" : ", ") + s->label();
-    throw std::invalid_argument("--step " + args.get("step", "") + " names " + std::to_string(selected.size()) +
-                                " implementations; name one: " + labels + " (fa-run --list shows them all)");
-  }
-  const StepInfo& step = *selected.front();
+  const StepInfo& step = step_named(args.get("step", ""), "fa-run --list");
   const bool backward = step.pass == Pass::backward;
   refuse_other_pass(step, args);
 
@@ -166,7 +181,7 @@ int run(int argc, char** argv) {
   };
   if (args.has("random")) {
     if (!args.has("dump")) throw std::invalid_argument("--random needs --dump DIR");
-    const auto v = Args::parse_ints(args.get("random", ""), 6, "--random");
+    const auto v = Args::parse_ints(args.get("random", ""), kShapeFields, "--random");
     p.batch = v[0], p.q_len = v[1], p.kv_len = v[2], p.q_heads = v[3], p.kv_heads = v[4], p.head_dim = v[5];
     p.dtype = parse_dtype(args.get("dtype", "f32"));
     if (args.has("page-size")) {  // every sequence's pages distinct: a pool of batch * kv_len / page_size pages
@@ -235,8 +250,8 @@ int run(int argc, char** argv) {
     }
     if (args.has("dtype") && parse_dtype(args.get("dtype", "")) != p.dtype) {
       if (parse_dtype(args.get("dtype", "")) != DType::bf16 || p.dtype != DType::f32)
-        throw std::invalid_argument("--dtype does not match the files' dtype " + std::string(to_string(p.dtype)) +
-                                    " (only float32 files may be rounded, to --dtype bf16)");
+        refuse_file_dtype({args.get("q", ""), args.get("k", ""), args.get("v", "")}, p.dtype,
+                          parse_dtype(args.get("dtype", "")));
       inputs = {converted(inputs.q, DType::bf16), converted(inputs.k, DType::bf16), converted(inputs.v, DType::bf16)};
       if (backward) {  // LSE stays float32
         backward_inputs.o = converted(backward_inputs.o, DType::bf16);

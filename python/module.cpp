@@ -42,19 +42,8 @@ using Tensor = nb::ndarray<>;
 using OptionalTensor = std::optional<Tensor>;
 
 /// The registered step whose label is `label` ("11", "11-f32", "05-pad4"), else the one step `label` selects, or
-/// a refusal naming what it selects.
-const StepInfo& step_named(const std::string& label) {
-  for (const StepInfo& s : fa::all_steps())
-    if (s.label() == label) return s;
-  const auto selected = fa::select_steps(label);
-  if (selected.size() != 1) {
-    std::string labels;
-    for (const StepInfo* s : selected) labels += (labels.empty() ? "" : ", ") + s->label();
-    throw std::invalid_argument("step '" + label + "' names " + std::to_string(selected.size()) +
-                                " implementations; name one: " + labels + " (fa_course.steps() lists them all)");
-  }
-  return *selected.front();
-}
+/// a refusal naming what it selects (fa::step_named).
+const StepInfo& step_named(const std::string& label) { return fa::step_named(label, "fa_course.steps()"); }
 
 /// "DLPack code 2, 64 bits": an element type the messages can name.
 std::string dlpack_name(const nb::dlpack::dtype& d) {

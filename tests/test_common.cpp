@@ -1,4 +1,5 @@
 // CPU tests of the shared pieces: validation, comparison, tensors, .npy, registry.
+#include "fa/call_shapes.hpp"
 #include "fa/compare.hpp"
 #include "fa/host_tensor.hpp"
 #include "fa/npy.hpp"
@@ -43,6 +44,19 @@ TEST_CASE("validate names the bad field and its value", "[cpu][problem]") {
     CHECK_NOTHROW(validate(p));
   }
   SECTION("the exception type") { p.batch = 0; CHECK_THROWS_AS(validate(p), InvalidProblem); }
+}
+
+TEST_CASE("a zero-length dimension of a call's tensors is named by its field and its tensor", "[cpu][problem]") {
+  // Issue 34: the message named neither ("every dimension must be between 1 and 2^30").
+  const TensorShape q{"q.npy", {1, 4, 2, 32}, DType::f32}, k{"k.npy", {1, 4, 2, 32}, DType::f32};
+  CHECK(problem_from(q, k, k).q_len == 4);
+  CHECK_THROWS_WITH(problem_from({"q.npy", {1, 0, 2, 32}, DType::f32}, k, k),
+                    Contains("q.npy: Q [1, 0, 2, 32] has q_len (dim 1) = 0"));
+  CHECK_THROWS_WITH(problem_from({"q.npy", {0, 4, 2, 32}, DType::f32}, {"k.npy", {0, 4, 2, 32}, DType::f32},
+                                 {"v.npy", {0, 4, 2, 32}, DType::f32}),
+                    Contains("q.npy: Q [0, 4, 2, 32] has batch (dim 0) = 0"));
+  const TensorShape no_heads{"k.npy", {1, 4, 0, 32}, DType::f32};
+  CHECK_THROWS_WITH(problem_from(q, no_heads, no_heads), Contains("k.npy: K [1, 4, 0, 32] has kv_heads (dim 2) = 0"));
 }
 
 TEST_CASE("flops follow 4*B*H*Nq*Nkv*d, halved when causal", "[cpu][problem]") {
@@ -192,6 +206,33 @@ TEST_CASE("the registry lists every step once, in course order", "[cpu][registry
   CHECK(select_steps("01").front()->id == "01");
   CHECK(select_steps("cublas").front() == &cublas_baseline());
   CHECK_THROWS_WITH(select_steps("99"), Contains("'99'"));
+}
+
+TEST_CASE("a tool that runs one step takes an exact label, and refuses an id of variants or nothing by name",
+          "[cpu][registry]") {
+  // Issue 34: "11" is step 11's own label, though 11-f32 shares its id; "05" only an id of four variants.
+  CHECK(step_named("11", "fa-run --list").label() == "11");
+  CHECK(step_named("11-f32", "fa-run --list").label() == "11-f32");
+  CHECK(step_named("05-pad4", "fa-run --list").label() == "05-pad4");
+  CHECK(&step_named("cublas", "fa-run --list") == &cublas_baseline());
+  CHECK_THROWS_WITH(step_named("05", "fa-run --list"),
+                    Contains("step '05' names 4 implementations; name one: 05-pad1, 05-pad4, 05-pad4_vec4, 05-transpose "
+                             "(fa-run --list shows them all)"));
+  // fa-bench --steps and the tests' --step keep selecting every variant of an id.
+  CHECK(select_steps("11").size() == 2);
+  // A refusal lists what is known, from the first id to the last, and the baseline.
+  const std::string known = "known: " + all_steps().front().id;
+  CHECK_THROWS_WITH(step_named("99", "fa-run --list"),
+                    Contains("no step or baseline called '99'; " + known) && Contains(all_steps().back().id) &&
+                        Contains("05-pad1") && Contains(", cublas"));
+  CHECK_THROWS_WITH(select_steps("01,zz"), Contains("no step or baseline called 'zz'; " + known));
+  // ...and what the item may have meant.
+  CHECK_THAT(unknown_step_message("5"), Contains("called '5' (did you mean 05?)"));
+  CHECK_THAT(unknown_step_message("naive"), Contains("(did you mean 01?)"));
+  CHECK_THAT(unknown_step_message("01_naive"), Contains("(did you mean 01?)"));
+  CHECK_THAT(unknown_step_message("24x"), Contains("(did you mean 24?)"));
+  CHECK_THAT(unknown_step_message("05-pad"), Contains("(did you mean 05-pad1, 05-pad4 or 05-pad4_vec4?)"));
+  CHECK_THAT(unknown_step_message("zz"), !Contains("did you mean"));
 }
 
 TEST_CASE("a backward's O and LSE come from a forward step for whole query sequences, never a decode step",

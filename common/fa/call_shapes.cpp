@@ -28,11 +28,19 @@ AttentionProblem problem_from(const TensorShape& q, const TensorShape& k, const 
     throw std::invalid_argument(std::string("Q, K and V must have one dtype; got Q ") + to_string(q.dtype) + ", K " +
                                 to_string(k.dtype) + ", V " + to_string(v.dtype) +
                                 (dtype_hint.empty() ? "" : " " + dtype_hint));
+  // Each dimension by the problem's field it gives, so a zero-length one is named with its tensor.
+  const char* fields[2][4] = {{"batch", "q_len", "q_heads", "head_dim"}, {"batch", "kv_len", "kv_heads", "head_dim"}};
+  for (int i = 0; i < 2; ++i)
+    for (int dim = 0; dim < 4; ++dim) {
+      const std::int64_t extent = tensors[i]->shape[dim];
+      if (extent < 1 || extent > (1 << 30))
+        throw std::invalid_argument(tensors[i]->name + ": " + "QK"[i] + " " + shape_text(tensors[i]->shape) + " has " +
+                                    fields[i][dim] + " (dim " + std::to_string(dim) + ") = " + std::to_string(extent) +
+                                    "; every dimension must be between 1 and 2^30");
+    }
   if (q.shape[0] != k.shape[0] || q.shape[3] != k.shape[3])
     throw std::invalid_argument("Q " + shape_text(q.shape) + " and K " + shape_text(k.shape) +
                                 " must agree on batch (dim 0) and head_dim (dim 3)");
-  for (auto extent : {q.shape[1], q.shape[2], k.shape[1], k.shape[2], q.shape[0], q.shape[3]})
-    if (extent < 1 || extent > (1 << 30)) throw std::invalid_argument("every dimension must be between 1 and 2^30");
   AttentionProblem p;
   p.batch = int(q.shape[0]);
   p.q_len = int(q.shape[1]);

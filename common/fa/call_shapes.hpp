@@ -26,7 +26,8 @@ std::string shape_text(const std::vector<std::int64_t>& shape);
 /// The problem read off Q [B, Nq, Hq, d] and K, V [B, Nkv, Hkv, d] (batch, lengths, heads, head_dim, dtype; the
 /// caller sets causal, scale and the cache's forms). Throws std::invalid_argument naming the tensor that does not
 /// fit: not 4 dimensions, K and V of different shapes, Q and K of another batch or head_dim, dtypes that differ
-/// (`dtype_hint` is appended to that message: which dtypes the caller takes), a dimension outside 1 .. 2^30.
+/// (`dtype_hint` is appended to that message: which dtypes the caller takes), a dimension outside 1 .. 2^30 (named
+/// by its field: "q.npy: Q [1, 0, 2, 64] has q_len (dim 1) = 0; ...").
 AttentionProblem problem_from(const TensorShape& q, const TensorShape& k, const TensorShape& v,
                               const std::string& dtype_hint = "");
 

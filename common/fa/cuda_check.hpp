@@ -12,7 +12,7 @@ namespace fa {
 /// A failed CUDA call: the message holds the call, file, line and CUDA's error string.
 class CudaError : public std::runtime_error {
  public:
-  /// The error `code` returned by `call` at file:line.
+  /// The error `code` returned by `call` at line `line` of `file` (the message starts with both).
   CudaError(cudaError_t code, const char* call, const char* file, int line)
       : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
                            " failed: " + cudaGetErrorName(code) + ": " + cudaGetErrorString(code)),

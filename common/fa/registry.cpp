@@ -11,6 +11,7 @@
 #include "fa/kit.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -295,9 +296,71 @@ std::vector<const StepInfo*> select_steps(const std::string& spec) {
         found = true;
       }
     }
-    if (!found) throw std::invalid_argument("no step or baseline called '" + item + "'");
+    if (!found) throw std::invalid_argument(unknown_step_message(item));
   }
   return chosen;
+}
+
+const StepInfo& step_named(const std::string& label, const std::string& listing) {
+  if (label == cublas_baseline().label()) return cublas_baseline();
+  for (const StepInfo& s : all_steps())
+    if (s.label() == label) return s;
+  const auto selected = select_steps(label);
+  if (selected.empty()) throw std::invalid_argument(unknown_step_message(label));
+  if (selected.size() > 1) {
+    std::string labels;
+    for (const StepInfo* s : selected) labels += (labels.empty() ? "" : ", ") + s->label();
+    throw std::invalid_argument("step '" + label + "' names " + std::to_string(selected.size()) +
+                                " implementations; name one: " + labels + " (" + listing + " shows them all)");
+  }
+  return *selected.front();
+}
+
+std::string unknown_step_message(const std::string& item) {
+  const std::vector<StepInfo>& steps = all_steps();
+  auto is_id = [&](const std::string& id) {
+    return std::any_of(steps.begin(), steps.end(), [&](const StepInfo& s) { return s.id == id; });
+  };
+  // What the item may have meant, from the first rule that finds something.
+  std::vector<std::string> meant;
+  auto mean = [&](const std::string& label) {
+    if (std::find(meant.begin(), meant.end(), label) == meant.end()) meant.push_back(label);
+  };
+  if (item.size() == 1 && std::isdigit(static_cast<unsigned char>(item[0])) && is_id("0" + item))
+    mean("0" + item);  // "5" for 05
+  for (const StepInfo& s : steps)  // a step's name or folder: "naive", "01_naive"
+    if (meant.empty() && (item == s.name || item == s.id + "_" + s.name)) mean(s.id);
+  if (meant.empty() && item.size() >= 3)  // the start of labels: "05-pad" for 05-pad1, 05-pad4, 05-pad4_vec4
+    for (const StepInfo& s : steps)
+      if (s.label().rfind(item, 0) == 0) mean(s.label());
+  if (meant.empty()) {  // a label and more: "24x" for 24, "05-pad1x" for 05-pad1
+    std::string longest;
+    for (const StepInfo& s : steps)
+      if (item.rfind(s.label(), 0) == 0 && s.label().size() > longest.size()) longest = s.label();
+    if (!longest.empty()) mean(longest);
+  }
+  std::string message = "no step or baseline called '" + item + "'";
+  if (!meant.empty()) {
+    message += " (did you mean ";
+    for (std::size_t i = 0; i < meant.size(); ++i)
+      message += (i == 0 ? "" : i + 1 == meant.size() ? " or " : ", ") + meant[i];
+    message += "?)";
+  }
+  // The known ids, each run of consecutive numbers written "01 to 45" (ids are two digits, in course order).
+  std::vector<std::string> ids;
+  const StepInfo* variant = nullptr;  // the first step with variants, for the example of a label
+  for (const StepInfo& s : steps) {
+    if (ids.empty() || ids.back() != s.id) ids.push_back(s.id);
+    if (!variant && !s.variant.empty()) variant = &s;
+  }
+  std::string known;
+  for (std::size_t first = 0, last = 0; first < ids.size(); first = ++last) {
+    while (last + 1 < ids.size() && std::stoi(ids[last + 1]) == std::stoi(ids[last]) + 1) ++last;
+    known += (known.empty() ? "" : ", ") + ids[first] + (last > first ? " to " + ids[last] : "");
+  }
+  message += "; known: " + known;
+  if (variant) message += " (a variant by its label, e.g. " + variant->label() + ")";
+  return message + ", " + cublas_baseline().id;
 }
 
 DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs,

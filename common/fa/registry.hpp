@@ -91,8 +91,18 @@ const std::vector<StepInfo>& all_steps();
 const StepInfo& cublas_baseline();
 /// Steps and baselines matching a comma-separated list of ids or labels
 /// ("01,03", "05-pad4", "cublas"); "all" selects every step (not the baseline).
-/// Throws std::invalid_argument naming an id that matches nothing.
+/// Throws std::invalid_argument naming an id that matches nothing (unknown_step_message).
 std::vector<const StepInfo*> select_steps(const std::string& spec);
+/// The one implementation a tool that runs one is asked for (fa-run --step, the Python module): the step or
+/// baseline whose label is exactly `label` ("11" is step 11, not also 11-f32), else the one implementation
+/// select_steps(label) selects. Throws std::invalid_argument naming the labels to choose from when `label` selects
+/// several (an id of variants, "05"), and unknown_step_message when it selects none. `listing` names where the
+/// list is printed ("fa-run --list").
+const StepInfo& step_named(const std::string& label, const std::string& listing);
+/// "no step or baseline called '5' (did you mean 05?); known: 01 to 45 (a variant by its label, e.g. 05-pad1),
+/// cublas": the refusal of an id that names nothing, with the ids the registry has and what `item` may have meant
+/// (the zero-padded id, the id of a step's name, labels that start with it, the label it starts with).
+std::string unknown_step_message(const std::string& item);
 
 /// Device copies of one problem's tensors: the inputs, the outputs (poisoned with NaN until a step
 /// writes them) and the workspace. A forward call gets Q, K, V, O and LSE; a backward call also O, LSE

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bank-conflict degrees derived by bench/figures.py match what step 05's header claims.
+"""Bank-conflict degrees derived by notebooks/models/figures.py match what step 05's header claims.
 
 Plain asserts, no pytest: exits non-zero on the first wrong degree. Run as
 `python3 tests/python/test_banks.py` (CTest registers it as cpu/python/banks when
@@ -8,7 +8,7 @@ numpy is found). Needs numpy only; the figure itself is not drawn.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", "models"))
 import figures  # noqa: E402
 
 # (read degree, store degree, read wavefronts) per layout, for every head_dim step 05 supports.

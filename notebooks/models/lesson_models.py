@@ -14,14 +14,14 @@ the notebooks, next to the lines of CUDA they copy; what the three share lives h
   (``row_group_max``: 4, 8, 16) and step 09 (the quad: 1, 2), with a counter of the
   shuffles issued.
 * ``warp_access`` and ``phase_words``: one warp-wide shared-memory instruction as a
-  ``figures.Access`` (bench/figures.py's bank model: 32 banks of 4-byte words, a
+  ``figures.Access`` (notebooks/models/figures.py's bank model: 32 banks of 4-byte words, a
   16-byte access served 8 lanes at a time, the same word read twice is a broadcast),
   from the 4-byte word address each lane gives.
 * ``draw_owner_grid``: a matrix drawn as a coloured grid, optionally with a label in
   every cell or block (who owns which element).
 
 Only numpy (and matplotlib for the drawing); import it (``import lesson_models``) with
-bench/ on ``sys.path``, as the notebooks do.
+notebooks/models/ on ``sys.path``, as the notebooks do.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def butterfly(values, offsets, op, counter: Counter | None = None, name: str = "
 
 
 def warp_access(words, width: int = 1, kind: str = "read", label: str = "") -> figures.Access:
-    """One warp-wide shared-memory instruction in bench/figures.py's bank model.
+    """One warp-wide shared-memory instruction in notebooks/models/figures.py's bank model.
 
     ``words``: the first 4-byte word each of the 32 lanes touches (byte address / 4);
     ``width``: words per lane, 1 for a float, 4 for a float4, a uint4 or one ldmatrix row

@@ -3,7 +3,7 @@
 # measurement: builds fa-bench from OLD_DIR (e.g. `git worktree add ../old <commit>`) beside this
 # tree's build/, then runs both on the same shapes, alternating old and new shape by shape, into
 # $OUT/old-<name>.csv and $OUT/new-<name>.csv. Then:
-#   python3 bench/tables.py compare --old $OUT/old-teaching.csv --new $OUT/new-teaching.csv
+#   python3 tools/tables.py compare --old $OUT/old-teaching.csv --new $OUT/new-teaching.csv
 #
 #   bash bench/compare_trees.sh OLD_DIR            (this tree must be built in build/ already)
 # FA_COMPARE_RUNS: which of teaching, headline, d128 to run (default all three).

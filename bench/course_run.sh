@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The course's one recorded run: every step and variant of every part, and the peers, at the shapes where each
-# part's lessons act (bench/tables.py's PART_SHAPES), into one CSV that the top README's part tables are printed
-# from (`python3 bench/tables.py parts --write README.md` re-prints every block whose marker names the CSV).
+# part's lessons act (tools/tables.py's PART_SHAPES), into one CSV that the top README's part tables are printed
+# from (`python3 tools/tables.py parts --write README.md` re-prints every block whose marker names the CSV).
 #
 #   bash bench/course_run.sh OUT.csv [SECTION ...]     (this tree built in build/ already)
 #
@@ -73,10 +73,10 @@ for section in $sections; do
   esac
 done
 
-# One CSV: fa-bench's header (bench/plots.py's COLUMNS) once, every section's rows after the rows already there.
+# One CSV: fa-bench's header (tools/plots.py's COLUMNS) once, every section's rows after the rows already there.
 python3 - "$csv" "$work"/*.csv <<'EOF'
 import csv, os, sys
-sys.path.insert(0, "bench")
+sys.path.insert(0, "tools")
 from plots import COLUMNS
 out, parts = sys.argv[1], sys.argv[2:]
 rows = []

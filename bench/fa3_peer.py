@@ -37,8 +37,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in bench/plots.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sdpa_peers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))  # plots
+from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in tools/plots.py
 from sdpa_peers import BACKWARD_SHAPES, PASSES, SUITES, flops, open_csv, peer_row  # noqa: E402  the same CSV rows
 
 #: The head_dims and dtypes the wheel's kernels are built for.

@@ -4,7 +4,7 @@
 # stretches of time. Peers: PyTorch SDPA's cuDNN and FlashAttention-2 backends (bench/sdpa_peers.py)
 # and FlashAttention-3 (bench/fa3_peer.py, from the flash-attn3-jax wheel in .whl/, d = 128 only).
 # Every round's rows go to $OUT/rounds.csv, each with its round in the suite column (round1, round2, ...);
-# `python3 bench/tables.py rounds --csv $OUT/rounds.csv --steps 24,25` prints the medians over rounds.
+# `python3 tools/tables.py rounds --csv $OUT/rounds.csv --steps 24,25` prints the medians over rounds.
 #
 #   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
 # FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;

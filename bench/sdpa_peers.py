@@ -14,7 +14,7 @@ allocated by one call beyond the inputs and the output), and the relative L2
 error of --sample-rows random output rows (b, i, h) against a float64
 computation, and APPENDS one row per measurement to the CSV with fa-bench's
 columns (step = sdpa-math, sdpa-efficient, sdpa-flash, sdpa-cudnn; variant
-empty), so bench/plots.py draws them next to the steps as peers. A backend
+empty), so tools/plots.py draws them next to the steps as peers. A backend
 that refuses a configuration ("No available kernel") is skipped with the
 reason printed. Inputs are uniform in [-1, 1) like fa-bench's; the scale is
 1/sqrt(d) and causal masking is top-left aligned (SDPA's is_causal), as in
@@ -41,8 +41,8 @@ import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in bench/plots.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from plots import COLUMNS  # noqa: E402  fa-bench's CSV header, written down once in tools/plots.py
 
 #: fa-bench's suites: name -> (batch, q_len, kv_len, q_heads, kv_heads, head_dim).
 SUITES = {

@@ -1,4 +1,4 @@
-// The exercise grader (bench/exercise grade NN builds and runs it): the exercise file it was built
+// The exercise grader (tools/exercise grade NN builds and runs it): the exercise file it was built
 // with goes through the same harness as the step (tests/harness.hpp: the shape table and the stress
 // cases, every dtype and head_dim the step takes), one line per case. When cases fail, the known-wrong
 // kernels of the mutation suite (tests/mutants/) run on the same cases, and the one that fails most

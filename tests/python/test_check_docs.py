@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/check_docs.py finds each kind of rot it claims to, and the repository's own documents have none.
+"""tools/check_docs.py finds each kind of rot it claims to, and the repository's own documents have none.
 
 Plain asserts, no pytest. A small tree in a temporary folder holds one good page and one page
 with every kind of fault (a missing file, one behind a label that wraps onto the next line, a missing anchor, a line reference that quotes the
@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHECKER = os.path.join(HERE, "..", "..", "bench", "check_docs.py")
+CHECKER = os.path.join(HERE, "..", "..", "tools", "check_docs.py")
 
 
 def run(*args):

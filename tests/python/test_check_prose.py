@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/check_prose.py finds each kind of wrong claim it claims to, and the repository's prose has none.
+"""tools/check_prose.py finds each kind of wrong claim it claims to, and the repository's prose has none.
 
     python3 tests/python/test_check_prose.py [build/bench/fa-run]
 
@@ -23,7 +23,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-CHECKER = os.path.join(ROOT, "bench", "check_prose.py")
+CHECKER = os.path.join(ROOT, "tools", "check_prose.py")
 FA_RUN = sys.argv[1] if len(sys.argv) > 1 else None
 COPIED = ["README.md", "docs/*.md", "notebooks/README.md", "exercises/README.md", "steps/*/*.cu",
           "exercises/*/exercise.spec", "tests/mutants/*.mutant", "docs/results/*.csv"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The top README's course tables are printed from the one recorded CSV, byte for byte.
 
-Plain asserts, no pytest. `bench/tables.py parts --check FILE` re-prints every block of FILE between
+Plain asserts, no pytest. `tools/tables.py parts --check FILE` re-prints every block of FILE between
 `<!-- course-table PART DTYPE CSV -->` and `<!-- end course-table -->` from the CSV its marker names.
 First the fixture (tests/data/course/: one table from a few rows) must pass; then a copy with one number
 changed, one with a row dropped and one naming an unknown part must each fail; `--write` must restore the
@@ -15,7 +15,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-TABLES = os.path.join(ROOT, "bench", "tables.py")
+TABLES = os.path.join(ROOT, "tools", "tables.py")
 FIXTURE = os.path.join(ROOT, "tests", "data", "course", "README.md")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Python tools read and write exactly fa-bench's CSV columns.
 
-bench/plots.py holds the column list once (bench/sdpa_peers.py and bench/fa3_peer.py import it); this
+tools/plots.py holds the column list once (bench/sdpa_peers.py and bench/fa3_peer.py import it); this
 checks it against the header bench/fa_bench.cpp writes, that a peer row has one cell per column with
 its pass and its K/V bandwidth (gbps, decode only) last, and that a CSV recorded before the `pass` column
 existed reads as the forward's, one recorded before `gbps` with gbps NaN.
@@ -13,7 +13,8 @@ import sys
 import tempfile
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, os.path.join(REPO, "bench"))  # the peers
+sys.path.insert(0, os.path.join(REPO, "tools"))  # plots.py
 import fa3_peer  # noqa: E402
 import plots  # noqa: E402
 import sdpa_peers  # noqa: E402
@@ -60,4 +61,4 @@ with tempfile.TemporaryDirectory() as folder:
     assert all(r["gbps"] != r["gbps"] for r in plots.load([old]))  # NaN
     assert sorted(r["pass"] for r in plots.load([new])) == ["backward", "forward"]
     assert [r["pass"] for r in plots.load([old, new])].count("forward") == 1  # the same measurement, later file wins
-print("CSV columns: bench/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header")
+print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header")

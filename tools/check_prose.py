@@ -2,11 +2,11 @@
 """Checks that what the course's prose says about its steps is what the registry says, so lists of steps
 cannot go stale as steps are added.
 
-    python3 bench/check_prose.py                          # facts read from the step sources
-    python3 bench/check_prose.py --fa-run build/bench/fa-run   # facts from `fa-run --list` (the registry as
+    python3 tools/check_prose.py                          # facts read from the step sources
+    python3 tools/check_prose.py --fa-run build/bench/fa-run   # facts from `fa-run --list` (the registry as
                                                           # built); the source reading must agree with it
-    python3 bench/check_prose.py --write                  # rewrite the generated blocks from the facts
-    python3 bench/check_prose.py --root DIR               # another tree (the tests use a copy)
+    python3 tools/check_prose.py --write                  # rewrite the generated blocks from the facts
+    python3 tools/check_prose.py --root DIR               # another tree (the tests use a copy)
 
 The facts: every step's id, folder, oldest GPU (`min_arch`, and `arch_specific` for sm_90a: runs on sm_90
 alone), pass, dtypes and whether it takes a KV cache; from them each step's part of the course (CUDA cores,
@@ -187,9 +187,9 @@ def read_facts(root: str, fa_run: str | None, problems: list) -> Facts:
         if [dataclasses.astuple(s) for s in listed] != [dataclasses.astuple(s) for s in steps]:
             for a, b in zip(listed, steps):
                 if a != b:
-                    problems.append(f"bench/check_prose.py: reading the step sources gives {b}, fa-run --list {a}")
+                    problems.append(f"tools/check_prose.py: reading the step sources gives {b}, fa-run --list {a}")
             if len(listed) != len(steps):
-                problems.append(f"bench/check_prose.py: fa-run --list has {len(listed)} steps, the sources {len(steps)}")
+                problems.append(f"tools/check_prose.py: fa-run --list has {len(listed)} steps, the sources {len(steps)}")
         steps = listed
     minutes = {}
     for spec in glob.glob(os.path.join(root, "exercises", "[0-9][0-9]_*", "exercise.spec")):
@@ -539,7 +539,7 @@ def check_file(path: str, root: str, facts: Facts, problems: list, write: bool) 
                 text = text.replace(m.group(0), m.group(1) + wanted + m.group(4), 1)
             else:
                 problems.append(f"{rel}:{original.count(chr(10), 0, m.start()) + 1}: the generated block {m.group(2)!r} "
-                                "differs from what the registry gives: run python3 bench/check_prose.py --write")
+                                "differs from what the registry gives: run python3 tools/check_prose.py --write")
     if write and text != original:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

@@ -4,25 +4,25 @@
 Every number in a README table is pasted from this script's output, so it can be
 checked against the recorded CSV (docs/results/) at any time:
 
-    python3 bench/tables.py times --suite teaching --steps 04,05 [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
-    python3 bench/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
-    python3 bench/tables.py course             # the top README's step table
-    python3 bench/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
-    python3 bench/tables.py rounds --csv docs/results/X.csv [--steps 20,21,24] [--head-dim 128]
+    python3 tools/tables.py times --suite teaching --steps 04,05 [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
+    python3 tools/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
+    python3 tools/tables.py course             # the top README's step table
+    python3 tools/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
+    python3 tools/tables.py rounds --csv docs/results/X.csv [--steps 20,21,24] [--head-dim 128]
                                                # medians over alternating rounds (bench/hopper_rounds.sh)
-    python3 bench/tables.py backward --csv out/bwd.csv [--steps 26,27] [--head-dim 128] [--suite backward]
+    python3 tools/tables.py backward --csv out/bwd.csv [--steps 26,27] [--head-dim 128] [--suite backward]
                                                # the backward's steps against SDPA's flash and cuDNN and FA3
-    python3 bench/tables.py decode --csv docs/results/X.csv [--steps 41,42,43]
+    python3 tools/tables.py decode --csv docs/results/X.csv [--steps 41,42,43]
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
-    python3 bench/tables.py pages --csv docs/results/ablations/X.csv [--steps 44]
+    python3 tools/tables.py pages --csv docs/results/ablations/X.csv [--steps 44]
                                                # a paged cache (fa-bench --page-size N) against the contiguous one
-    python3 bench/tables.py parts --csv docs/results/X-course.csv [--part hopper] [--dtypes f32]
+    python3 tools/tables.py parts --csv docs/results/X-course.csv [--part hopper] [--dtypes f32]
                                                # the top README's tables, one a part of the course, from the
                                                # one recorded run (bench/course_run.sh)
-    python3 bench/tables.py parts --check README.md    # every generated table block in README.md, re-printed
-    python3 bench/tables.py parts --write README.md    # from the CSV its marker names: compare, or rewrite
+    python3 tools/tables.py parts --check README.md    # every generated table block in README.md, re-printed
+    python3 tools/tables.py parts --write README.md    # from the CSV its marker names: compare, or rewrite
 
-It reads docs/results/*.csv unless --csv is given, through bench/plots.py's loader. Every table but
+It reads docs/results/*.csv unless --csv is given, through tools/plots.py's loader. Every table but
 `backward` and `decode` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
 read the backward's instead); a CSV recorded before the `pass` column holds forward rows only.
 """
@@ -367,7 +367,7 @@ def pages(rows, steps=()) -> str:
 #: Where each part of the course is timed (bench/course_run.sh records them all in one run): its pass, then its
 #: columns, (title, (B, Nq, Nkv, Hq, Hkv, d)); the first is the shape where the part's lessons act, the others
 #: are beside it (the other head_dim; the backward's CUDA-core steps at the teaching shape). The parts and
-#: their steps are bench/check_prose.py's, which reads them from the steps' sources.
+#: their steps are tools/check_prose.py's, which reads them from the steps' sources.
 PART_SHAPES = {
     "cuda-cores": ("forward", [("teaching, d = 64", (4, 1024, 1024, 8, 8, 64)),
                                ("teaching, d = 128", (4, 1024, 1024, 8, 8, 128))]),
@@ -388,7 +388,7 @@ PART_PEERS = {"cuda-cores": ["cublas"], "mma-sync": ["cublas", "sdpa-flash", "sd
 
 
 def part_steps() -> dict:
-    """part key -> the step ids in it, in order, read from the steps' sources (bench/check_prose.py)."""
+    """part key -> the step ids in it, in order, read from the steps' sources (tools/check_prose.py)."""
     import check_prose  # noqa: E402  the one place that knows which part a step belongs to
     out: dict = {}
     for step in check_prose.steps_from_sources(plots.REPO):
@@ -457,7 +457,7 @@ def part_blocks(path: str, write: bool) -> int:
         if m.group(5).rstrip("\n") != table:
             line = text.count("\n", 0, m.start()) + 1
             problems.append(f"{path}:{line}: the {key} table ({dtype}) is not what {csv_path} prints "
-                            f"(python3 bench/tables.py parts --write {os.path.relpath(path, plots.REPO)})")
+                            f"(python3 tools/tables.py parts --write {os.path.relpath(path, plots.REPO)})")
         return m.group(1) + table + "\n" + m.group(6)
 
     new = _BLOCK.sub(regenerate, text)

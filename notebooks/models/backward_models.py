@@ -17,8 +17,8 @@ Each of those notebooks goes with one step; what several of them use lives here,
   listings (``stall_metric``, ``opcodes``, ``metrics``, ``stall_shares``, ``warp_tiles``).
 
 ``show`` displays the source of what a notebook uses from here, so the notebook that teaches a
-function still shows it. Only numpy; import it (``import backward_models``) with bench/ on
-``sys.path``, as the notebooks do.
+function still shows it. Only numpy; import it (``import backward_models``) with
+notebooks/models/ on ``sys.path``, as the notebooks do.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import statistics
 import numpy as np
 
 #: The repository's root: the recorded files are read relative to it.
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def show(*items):

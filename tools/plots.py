@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figures from fa-bench CSVs: every figure of the course can be rebuilt from recorded data.
 
-    python3 bench/plots.py [CSV ...] [--out docs/figures]
+    python3 tools/plots.py [CSV ...] [--out docs/figures]
 
 Without CSV arguments it reads docs/results/*.csv. Later files win where two
 rows describe the same measurement (step, variant, dtype, shape, causal, suite).
@@ -17,7 +17,7 @@ reason printed):
 
 Rows whose step is not a two-digit course step (cublas, sdpa-*) are peers and
 are drawn grey and labelled "(peer)". The figures are the forward's: rows whose
-pass is backward are left out (bench/tables.py backward tabulates them). Only
+pass is backward are left out (tools/tables.py backward tabulates them). Only
 numpy and matplotlib.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections import OrderedDict
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 #: The one table of measured ceilings (name, dtype, TFLOPS, source).
-CEILINGS_CSV = os.path.join(HERE, "ceilings.csv")
+CEILINGS_CSV = os.path.join(REPO, "bench", "ceilings.csv")
 
 #: fa-bench's CSV header (bench/fa_bench.cpp); missing columns read as empty, except `pass`: rows
 #: recorded before the backward existed have none and read as "forward".

@@ -14,14 +14,14 @@ the notebooks, next to the lines of CUDA they copy; what the three share lives h
   (``row_group_max``: 4, 8, 16) and step 09 (the quad: 1, 2), with a counter of the
   shuffles issued.
 * ``warp_access`` and ``phase_words``: one warp-wide shared-memory instruction as a
-  ``figures.Access`` (bench/figures.py's bank model: 32 banks of 4-byte words, a
+  ``bank_models.Access`` (notebooks/models/bank_models.py's bank model: 32 banks of 4-byte words, a
   16-byte access served 8 lanes at a time, the same word read twice is a broadcast),
   from the 4-byte word address each lane gives.
 * ``draw_owner_grid``: a matrix drawn as a coloured grid, optionally with a label in
   every cell or block (who owns which element).
 
 Only numpy (and matplotlib for the drawing); import it (``import lesson_models``) with
-bench/ on ``sys.path``, as the notebooks do.
+notebooks/models/ on ``sys.path``, as the notebooks do.
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from collections import Counter
 
 import numpy as np
 
-import figures
+import bank_models
 
 #: Lanes of a warp and banks of shared memory (the bank model's constants).
-WARP = figures.WARP
-BANKS = figures.BANKS
+WARP = bank_models.WARP
+BANKS = bank_models.BANKS
 
 
 def attention_reference(Q, K, V, scale=None, causal=False):
@@ -112,8 +112,8 @@ def butterfly(values, offsets, op, counter: Counter | None = None, name: str = "
     return values
 
 
-def warp_access(words, width: int = 1, kind: str = "read", label: str = "") -> figures.Access:
-    """One warp-wide shared-memory instruction in bench/figures.py's bank model.
+def warp_access(words, width: int = 1, kind: str = "read", label: str = "") -> bank_models.Access:
+    """One warp-wide shared-memory instruction in notebooks/models/bank_models.py's bank model.
 
     ``words``: the first 4-byte word each of the 32 lanes touches (byte address / 4);
     ``width``: words per lane, 1 for a float, 4 for a float4, a uint4 or one ldmatrix row
@@ -123,10 +123,10 @@ def warp_access(words, width: int = 1, kind: str = "read", label: str = "") -> f
     words = np.asarray(words, dtype=np.int64).reshape(-1)
     if words.shape != (WARP,):
         raise ValueError(f"one word address per lane: expected {WARP}, got {words.size}")
-    return figures.Access(label, kind, words, width)
+    return bank_models.Access(label, kind, words, width)
 
 
-def phase_words(access: figures.Access) -> list[int]:
+def phase_words(access: bank_models.Access) -> list[int]:
     """Distinct 4-byte words each phase of ``access`` touches.
 
     A phase's lanes ask for ``lanes * width`` words; fewer distinct words means some lanes

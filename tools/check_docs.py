@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks that the course's documents point at what exists, so links and line references cannot rot.
 
-    python3 bench/check_docs.py                  # every Markdown file of the repository
-    python3 bench/check_docs.py --html DIR       # also every relative link of a generated HTML site
-    python3 bench/check_docs.py --root DIR       # another tree (the tests use a small broken one)
+    python3 tools/check_docs.py                  # every Markdown file of the repository
+    python3 tools/check_docs.py --html DIR       # also every relative link of a generated HTML site
+    python3 tools/check_docs.py --root DIR       # another tree (the tests use a small broken one)
 
 Markdown: every relative link and image must name a file or folder that exists, and a link with a
 #anchor into a Markdown file must name one of its headings. Line references, written as a backticked

@@ -20,9 +20,9 @@ It derives, from the word addresses alone, the conflict degree (the most
 distinct words one bank is asked for in one wavefront) and draws the lane-to-bank
 map. Command line:
 
-    python3 bench/figures.py [--head-dim 64] [--out docs/figures/banks.png]
+    python3 notebooks/models/bank_models.py [--head-dim 64] [--out docs/figures/banks.png]
 
-Only numpy and matplotlib; import it (``import figures``) from notebooks/tests.
+Only numpy and matplotlib; import it (``import bank_models``) from notebooks/tests.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ enum class InputKind {
   wide_10,       ///< Q uniform in [-30, 30): scores of standard deviation about 10
   wide_30,       ///< Q uniform in [-90, 90): scores of standard deviation about 30 (exp(S) overflows float)
   offset_1000,   ///< every score of a row shifted by the same 8192 * scale (about +1000 at d = 64)
+  offset_minus_1000,  ///< every score of a row shifted by -8192 * scale (about -1000): the LSE is about -1000
   zero_scale,    ///< scale = 0: every visible key weighs the same, O is the mean of V's visible rows
   dominant_key,  ///< key 0 outscores every other by about 40: O is V's row 0, exactly
 };
@@ -30,6 +31,9 @@ struct Case {
   /// Graded on the forward only: a decode case of inputs that stress the numerics (inference has no backward,
   /// and one query row's dK over wide logits is about 0 in most rows: no relative bound measures it).
   bool forward_only = false;
+  /// Graded on the backward only: a case whose lesson is the backward's (see stress_cases); the forward's own
+  /// cases already catch what it would.
+  bool backward_only = false;
   /// "name: B=.. Nq=.. ... f16 causal", for messages and tables.
   std::string describe() const;
 };
@@ -45,7 +49,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
 /// Inputs that stress the numerics, at one head_dim (64 where the step takes it): logits of standard
 /// deviation 10 and 30, +1000 on every score, scale = 0, one dominant key, kv_len = 16411 and decode
 /// (q_len = 1) over it, decode over 5000 keys with logits of standard deviation 30 and over 3000 keys with
-/// one dominant key, and a causal 4099 x 4099; at every other head_dim in `head_dims`, logits of standard
+/// one dominant key, and a causal 4099 x 4099; for the backward only, -1000 on every score over a kv_len no tile
+/// divides; at every other head_dim in `head_dims`, logits of standard
 /// deviation 10, kv_len = 4099 and decode over 16411 keys; each for every dtype in `dtypes`.
 /// Top-left causal masking leaves every row at least key 0, so no row is fully masked.
 std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
@@ -53,7 +58,7 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
 /// The shape table, then the stress cases: every case a step of `pass` is graded on. The backward
 /// leaves out the dominant key, whose gradients (dQ, dK) are zero to within e^-40 and so smaller than
 /// any rounding of O in D_i = dO_i . O_i: a relative bound has nothing to measure there; and the cases
-/// marked forward_only.
+/// marked forward_only. The forward leaves out the cases marked backward_only.
 std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len,
                                Pass pass);
 

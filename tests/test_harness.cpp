@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 using namespace fa;
@@ -48,6 +49,22 @@ TEST_CASE("+1000 on every score of a row does not move the softmax", "[cpu][harn
   double worst = 0;
   for (std::size_t i = 0; i < unshifted.size(); ++i) worst = std::max(worst, std::abs(unshifted[i] - prep.expected[i]));
   CHECK(worst < 1e-9);
+}
+
+TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded on the backward only", "[cpu][harness]") {
+  const test::Case c = stress_case(test::InputKind::offset_minus_1000);
+  CHECK(c.backward_only);
+  // kv_len past a whole tile of every size the steps use: the case's lesson is the tail tile's mask.
+  for (int tile : {16, 32, 64, 128, 176, 192}) CHECK(c.problem.kv_len % tile != 0);
+  const test::Prepared prep = test::prepare(c, 13);
+  double highest = -INFINITY;
+  for (double lse : prep.expected_lse) highest = std::max(highest, lse);
+  CHECK(highest < -900);  // 2^(-LSE log2 e) overflows float: an unmasked key's P is inf
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    bool graded = false;
+    for (const test::Case& g : test::graded_cases({DType::f32}, {64}, 0, pass)) graded |= g.kind == c.kind;
+    CHECK(graded == (pass == Pass::backward));
+  }
 }
 
 TEST_CASE("the judge fails one wrong row that the whole-output error hides", "[cpu][harness]") {

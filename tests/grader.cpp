@@ -11,7 +11,8 @@
 //     --max-len N  leave out cases longer than N (quick runs; the full grade has none)
 // A case whose kernel does not finish within FA_GRADE_TIMEOUT seconds (default 60) is reported as
 // hung and the grade stops there: in the warp-specialized steps a wrong barrier is a deadlock.
-// Exit status: 0 when every case passes, 1 when one fails, hangs or faults, 77 without a GPU, 2 on bad options.
+// Exit status: 0 when every case it runs passes, 1 when one fails, hangs or faults, 77 without a GPU (or when this
+// GPU can run none of the cases: see DeviceLimit), 2 on bad options.
 #include "grader.hpp"
 #include "harness.hpp"
 #include "mutants.hpp"
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
       return 77;
     }
 
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     const char* timeout = std::getenv("FA_GRADE_TIMEOUT");
     test::Watchdog watchdog(timeout ? std::max(1, std::atoi(timeout)) : 60,
                             "the grade stops at a hung case");
@@ -124,6 +125,11 @@ int main(int argc, char** argv) {
         Verdict v;
         try {
           v = test::run_case(step, cases[i], inputs);
+        } catch (const DeviceLimit& e) {  // this GPU's limit (shared memory a block): not a verdict on the kernel
+          watchdog.stop();
+          std::printf("[skip] %s\n       %s\n", cases[i].describe().c_str(), e.what());
+          ++skipped;
+          continue;
         } catch (const CudaError& e) {
           // A faulting kernel (an mbarrier given more arrivals than it counts, an address out of
           // range) leaves the GPU context unusable: no later case could run.
@@ -155,6 +161,10 @@ int main(int argc, char** argv) {
       break;
     }
     std::printf("\n%d of %d cases passed\n", passed, passed + failed);
+    if (skipped > 0)
+      std::printf("%d more case(s) skipped: this GPU cannot run the kernel for them (see [skip] above); grade them on "
+                  "a larger GPU\n", skipped);
+    if (passed + failed == 0) return 77;  // nothing graded here: not a pass
 
     if (failed > 0 && options.hints) {
       // The known mistakes, on the same cases: which one fails where this exercise fails?
@@ -171,7 +181,12 @@ int main(int argc, char** argv) {
         for (std::size_t i = 0; i < signature_cases.size(); ++i) {
           if (!step.supports(signature_cases[i].problem)) continue;
           ++compared;
-          const Verdict v = test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0));
+          Verdict v;
+          try {
+            v = test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0));
+          } catch (const DeviceLimit&) {
+            continue;  // skipped for the exercise too
+          }
           if (!v.passed()) mutant_failing.insert(failure_key(i, v));
         }
         if (compared == 0) continue;

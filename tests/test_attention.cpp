@@ -73,7 +73,13 @@ void check_case(const test::Case& c, bool only_without_64 = false, Pass pass = P
   INFO(c.describe() << " seed=" << prepared.seed);
   for (const StepInfo* step : steps) {
     INFO("step " << step->label());
-    const Verdict verdict = test::run_case(*step, c, prepared);
+    Verdict verdict;
+    try {
+      verdict = test::run_case(*step, c, prepared);
+    } catch (const DeviceLimit& e) {  // e.g. step 08 at d = 128 on a GPU of 64 KiB of shared memory a block (T4)
+      test::skip(std::string("step ") + step->label() + ", " + c.describe() + ": " + e.what());
+      continue;
+    }
     INFO(verdict.describe());
     CHECK(verdict.passed());
   }

@@ -215,12 +215,12 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
 
   KernelInfo& info = kernel_info(kernel, device);
   if (threads > unsigned(info.attributes.maxThreadsPerBlock))
-    throw InvalidProblem(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
+    throw DeviceLimit(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
                          std::to_string(info.attributes.numRegs) + " registers per thread) allows at most " +
                          std::to_string(info.attributes.maxThreadsPerBlock) + " on " + dev.name);
   const std::size_t total_shared = info.attributes.sharedSizeBytes + shared_bytes;
   if (total_shared > dev.shared_optin)
-    throw InvalidProblem(who() + ": needs " + std::to_string(total_shared) +
+    throw DeviceLimit(who() + ": needs " + std::to_string(total_shared) +
                          " bytes of shared memory per block; " + dev.name + " allows at most " +
                          std::to_string(dev.shared_optin));
   opt_in(info, kernel, shared_bytes);

@@ -29,6 +29,31 @@ forward_shapes="4,1024,1024,8,8,64 4,1024,1024,8,8,128 4,4096,4096,16,16,64 4,40
 status=0
 say() { echo "== $* ($SECONDS s)"; }
 
+# merge: the finished section's CSVs into OUT.csv, after the rows already there, with fa-bench's header
+# (tools/plots.py's COLUMNS) once; so a call cut short keeps every section it finished.
+merge() {
+  compgen -G "$work/*.csv" > /dev/null || return 0
+  python3 - "$csv" "$work"/*.csv <<'EOF'
+import csv, os, sys
+sys.path.insert(0, "tools")
+from plots import COLUMNS
+out, parts = sys.argv[1], sys.argv[2:]
+rows = []
+if os.path.exists(out) and os.path.getsize(out):
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+for path in parts:
+    with open(path, newline="") as f:
+        rows += list(csv.DictReader(f))
+with open(out, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+print(f"{len(rows)} rows in {out}")
+EOF
+  rm -f "$work"/*.csv
+}
+
 for section in $sections; do
   case $section in
     forward)
@@ -71,25 +96,6 @@ for section in $sections; do
       fi ;;
     *) echo "unknown section '$section': expected forward, backward, decode or peers"; exit 1 ;;
   esac
+  merge
 done
-
-# One CSV: fa-bench's header (tools/plots.py's COLUMNS) once, every section's rows after the rows already there.
-python3 - "$csv" "$work"/*.csv <<'EOF'
-import csv, os, sys
-sys.path.insert(0, "tools")
-from plots import COLUMNS
-out, parts = sys.argv[1], sys.argv[2:]
-rows = []
-if os.path.exists(out) and os.path.getsize(out):
-    with open(out, newline="") as f:
-        rows = list(csv.DictReader(f))
-for path in parts:
-    with open(path, newline="") as f:
-        rows += list(csv.DictReader(f))
-with open(out, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-print(f"{len(rows)} rows in {out}")
-EOF
 exit $status

@@ -22,6 +22,23 @@ TEST_CASE("kit refuses grids and blocks beyond CUDA's limits before touching the
   CHECK_THROWS_WITH(kit::prepare_launch(no_kernel, dim3(0), dim3(32), 0), Contains("grid"));
 }
 
+TEST_CASE("too much shared memory is this GPU's limit when a larger GPU gives it, a mistake when none does", "[cpu][kit]") {
+  // Step 08 at d = 128 asks for 162 KiB a block: a T4 gives 64 KiB, an H100 227 KiB.
+  CHECK_THROWS_AS(kit::refuse_shared_memory("step 08", 165888, 65536, "Tesla T4"), DeviceLimit);
+  CHECK_THROWS_WITH(kit::refuse_shared_memory("step 08", 165888, 65536, "Tesla T4"),
+                    Contains("step 08: needs 165888 bytes") && Contains("Tesla T4 allows at most 65536") &&
+                        Contains("232448"));
+  // More than any GPU gives: a mistake in the kernel's sizes, which the harness must fail, not skip.
+  try {
+    kit::refuse_shared_memory("step 99", kit::kLargestSharedPerBlock + 1, kit::kLargestSharedPerBlock, "H100");
+    FAIL("no refusal");
+  } catch (const DeviceLimit&) {
+    FAIL("refused as a limit of the GPU, though no GPU gives that much");
+  } catch (const InvalidProblem& e) {
+    CHECK_THAT(std::string(e.what()), Contains("no GPU gives more than 232448"));
+  }
+}
+
 TEST_CASE("a launch inside a step names the step and the problem when it is refused", "[cpu][kit]") {
   AttentionProblem p;
   p.batch = 70000;

@@ -196,6 +196,14 @@ void check_arch(const char* step, int device, int min_arch, bool arch_specific) 
     throw_unsupported(step, "GPU architecture", arch_name(device), arch_name(min_arch) + " or newer");
 }
 
+void refuse_shared_memory(const std::string& who, std::size_t bytes, std::size_t optin, const std::string& device) {
+  const std::string what = who + ": needs " + std::to_string(bytes) + " bytes of shared memory per block; " + device +
+                           " allows at most " + std::to_string(optin);
+  if (bytes <= kLargestSharedPerBlock)
+    throw DeviceLimit(what + " (a GPU of sm_90 or sm_100 gives " + std::to_string(kLargestSharedPerBlock) + ")");
+  throw InvalidProblem(what + ", and no GPU gives more than " + std::to_string(kLargestSharedPerBlock));
+}
+
 bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes) {
   // Limits every CUDA GPU shares: refused before the device is asked anything.
   const unsigned threads = block.x * block.y * block.z;
@@ -215,14 +223,11 @@ bool prepare_launch(const void* kernel, dim3 grid, dim3 block, std::size_t share
 
   KernelInfo& info = kernel_info(kernel, device);
   if (threads > unsigned(info.attributes.maxThreadsPerBlock))
-    throw DeviceLimit(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
+    throw InvalidProblem(who() + ": a block of " + std::to_string(threads) + " threads; this kernel (" +
                          std::to_string(info.attributes.numRegs) + " registers per thread) allows at most " +
                          std::to_string(info.attributes.maxThreadsPerBlock) + " on " + dev.name);
   const std::size_t total_shared = info.attributes.sharedSizeBytes + shared_bytes;
-  if (total_shared > dev.shared_optin)
-    throw DeviceLimit(who() + ": needs " + std::to_string(total_shared) +
-                         " bytes of shared memory per block; " + dev.name + " allows at most " +
-                         std::to_string(dev.shared_optin));
+  if (total_shared > dev.shared_optin) refuse_shared_memory(who(), total_shared, dev.shared_optin, dev.name);
   opt_in(info, kernel, shared_bytes);
 
   if (!g_probe) return true;

@@ -58,6 +58,16 @@ KernelResources resources(LaunchFn launch, const AttentionProblem& p);
 /// device_multiprocessors(), the blocks of one full wave. Asked once per kernel, block and device.
 int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes);
 
+/// The most shared memory any CUDA GPU gives one block: 227 KiB on sm_90 and sm_100 (H100, H200, B200), after opting
+/// in; an A100 gives 163 KiB, an L4 99 KiB, a T4 64 KiB.
+constexpr std::size_t kLargestSharedPerBlock = 232448;
+
+/// Throws for a block of `who`'s kernel that asks for `bytes` of shared memory where `device` gives at most `optin`:
+/// DeviceLimit when a larger GPU gives that much (the call runs there), InvalidProblem when none does (a mistake in
+/// the kernel's sizes, on every GPU). Both name the bytes asked for and the bytes this GPU allows.
+[[noreturn]] void refuse_shared_memory(const std::string& who, std::size_t bytes, std::size_t optin,
+                                       const std::string& device);
+
 /// Compute capability of the current device, as 10 * major + minor (90 for an H100).
 int device_arch();
 /// Streaming multiprocessors of the current device (132 on an H100 SXM): a persistent grid's size.

@@ -38,9 +38,9 @@ class InvalidProblem : public std::invalid_argument {
 };
 
 /// An InvalidProblem that is a limit of this GPU, not of the call: the problem is valid and the step takes it, but
-/// the step's kernel for it needs more than this GPU gives a block (shared memory, or threads at its register count).
-/// The same call runs on a larger GPU. Thrown before anything is launched; the test harness skips such a case, where
-/// any other InvalidProblem from a step it should run fails it.
+/// the step's kernel for it needs more shared memory a block than this GPU gives, and a larger GPU gives that much
+/// (kit::refuse_shared_memory). Thrown before anything is launched; the test harness skips such a case, where any
+/// other InvalidProblem from a step it should run fails it.
 class DeviceLimit : public InvalidProblem {
  public:
   using InvalidProblem::InvalidProblem;

@@ -4,13 +4,18 @@
     python3 bench/sass_counts.py [--build build] [--steps 08,...,17] [--csv FILE]
 
 Runs `cuobjdump -sass` on each step's library (build/steps/NN_*/libfa_step_*.a; no GPU needed), and
-counts, per kernel, the instructions the course's steps are about: HMMA (tensor-core mma), LDSM and
-LDSM.T (ldmatrix, ldmatrix.trans), LDGSTS (cp.async), MUFU.EX2 (ex2.approx), FMUL/FFMA/FADD, BAR
-(__syncthreads), and LDL/STL (local memory: register spills). Static counts in the binary, not executed
-counts: a loop body counts once. Each kernel has a row for the whole kernel (part "kernel") and one per loop
+counts, per kernel, the instructions the course's steps are about: HMMA (tensor-core mma), HGMMA (wgmma),
+LDSM and LDSM.T (ldmatrix, ldmatrix.trans), LDGSTS (cp.async), MUFU.EX2 (ex2.approx), FMUL/FFMA/FADD, BAR
+(__syncthreads), LDL/STL (local memory: register spills), and R2UR (a value moved from a thread's registers to
+the warp's uniform ones: what a wgmma descriptor built from a value the compiler cannot prove warp-uniform
+costs). Static counts in the binary, not executed counts: a loop body counts once. Each kernel has a row for the whole kernel (part "kernel") and one per loop
 body (part "loop 1", "loop 2", ... in address order: the instructions from a backward branch's target to the
 branch), which is where the READMEs' "instructions per warp and tile" come from. Kernel names are demangled
 with cu++filt or c++filt when found.
+
+cuobjdump, and the nvdisasm it runs, come with the CUDA toolkit. A machine with nvcc alone (or none) can fetch them
+from NVIDIA's wheels: `pip download --no-deps nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`, unzip both, then pass
+`--cuobjdump <dir>/nvidia/cu13/bin/cuobjdump` and put nvdisasm's `bin` folder on PATH.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import sys
 
 COUNTED = {  # column -> what in an instruction's opcode counts for it
     "HMMA": r"^HMMA\b",
+    "HGMMA": r"^HGMMA\b",
     "LDSM": r"^LDSM\.16\.M88",
     "LDSM.T": r"^LDSM\.16\.MT88",
     "LDGSTS": r"^LDGSTS\b",
@@ -33,6 +39,7 @@ COUNTED = {  # column -> what in an instruction's opcode counts for it
     "FADD": r"^FADD\b",
     "BAR": r"^BAR\.SYNC",
     "LDL/STL": r"^(LDL|STL)\b",
+    "R2UR": r"^R2UR\b",
 }
 OPCODE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)")
 BACKWARD_TARGET = re.compile(r"(0x[0-9a-f]+)")
@@ -91,6 +98,14 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", help="write here as well as to stdout")
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = parser.parse_args(argv)
+    if not (shutil.which(args.cuobjdump) or os.access(args.cuobjdump, os.X_OK)):
+        print(f"sass_counts: no cuobjdump at '{args.cuobjdump}': it comes with the CUDA toolkit, or from the wheels "
+              "named at the top of this script (--cuobjdump PATH)", file=sys.stderr)
+        return 1
+    if not shutil.which("nvdisasm"):
+        print("sass_counts: no nvdisasm on PATH: cuobjdump -sass runs it (the CUDA toolkit's bin folder, or the "
+              "nvidia-cuda-nvdisasm wheel's)", file=sys.stderr)
+        return 1
     columns = [*COUNTED, "instructions"]
     rows = ["step,kernel,arch,part," + ",".join(columns)]
     for step in args.steps.split(","):

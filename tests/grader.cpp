@@ -180,13 +180,13 @@ int main(int argc, char** argv) {
         std::size_t compared = 0;
         for (std::size_t i = 0; i < signature_cases.size(); ++i) {
           if (!step.supports(signature_cases[i].problem)) continue;
-          ++compared;
           Verdict v;
           try {
             v = test::run_case(step, signature_cases[i], prepare(signature_cases[i], 0));
           } catch (const DeviceLimit&) {
             continue;  // skipped for the exercise too
           }
+          ++compared;
           if (!v.passed()) mutant_failing.insert(failure_key(i, v));
         }
         if (compared == 0) continue;

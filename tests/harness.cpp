@@ -122,9 +122,9 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
          InputKind::offset_1000);
   // The same shift downward, for the backward only. Its LSE is about -1000, so P = exp(S - LSE), recomputed for a
   // key past kv_len that a kernel forgets to mask (its K row is zero: S = 0), overflows to inf, and inf times that
-  // key's zero K row is NaN in dQ. While every LSE is above about -11, as in every other case, that P and its
-  // dS = -P D stay finite even packed to f16 (65504), reach dQ only through the zero K row, and the gradients stay
-  // right: no other case sees the mistake. The forward's cases see it already (an unmasked key's score 0
+  // key's zero K row is NaN in dQ. While the LSE of every row that can reach past kv_len is above about -11, as in
+  // every other case (a CPU test checks it), that P and its dS = -P D stay finite even packed to f16 (65504), reach
+  // dQ only through the zero K row, and the gradients stay right: no other case sees the mistake. The forward's cases see it already (an unmasked key's score 0
   // weighs about as much as the others'), so the forward leaves this one out.
   const std::size_t before_backward_only = out.size();
   stress("-1000 on every score of a row, over a kv_len no tile divides", problem(2, 200, 203, 4, 2, d),

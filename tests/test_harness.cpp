@@ -67,6 +67,24 @@ TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded 
   }
 }
 
+TEST_CASE("only the backward's -1000 case has a row that reaches past kv_len with an LSE below -11", "[cpu][harness]") {
+  // Below about -11, a key past kv_len left unmasked gets P = exp(0 - LSE) and dS = -P D beyond f16's 65504: the
+  // overflow that makes that mistake visible (tests/harness.cpp). Only rows the causal mask lets reach past kv_len
+  // count (all rows without it; rows i >= kv_len with it, top-left). Every other case must stay above, or the -1000
+  // case would not be the one that catches the mistake; it must go below.
+  for (const test::Case& c : test::graded_cases({DType::f32}, {64, 128}, 0, Pass::backward)) {
+    if (!c.problem.kv_lens.empty() || c.problem.page_size > 0) continue;  // the KV-cache forms: decode steps only
+    const test::Prepared prep = test::prepare(c, 17);
+    const AttentionProblem& p = c.problem;
+    double lowest = INFINITY;
+    for (std::size_t e = 0; e < prep.expected_lse.size(); ++e)
+      if (!p.causal || int(e % p.q_len) >= p.kv_len) lowest = std::min(lowest, prep.expected_lse[e]);
+    if (lowest == INFINITY) continue;  // causal with q_len <= kv_len: no row reaches past kv_len
+    INFO(c.describe() << ": lowest LSE of a row that reaches past kv_len " << lowest);
+    CHECK((lowest < -11) == (c.kind == test::InputKind::offset_minus_1000));
+  }
+}
+
 TEST_CASE("the judge fails one wrong row that the whole-output error hides", "[cpu][harness]") {
   // 2000 rows of bf16 output, exactly the reference rounded; then one row 10 % off.
   AttentionProblem p;

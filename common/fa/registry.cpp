@@ -218,7 +218,7 @@ const std::vector<StepInfo>& all_steps() {
        "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
        step45::launcher()},
       {"46", "", "lean_backward_consumer",
-       "step 40's consumers with fewer instructions a tile: the mask's test compiled out of tiles that need none, the LSE loaded before the wait for S^T",
+       "step 40's consumers with fewer instructions a tile: the mask's test compiled out of tiles that need none, the LSE loaded before the wait for S^T, the wgmma descriptors built once in uniform registers",
        step46::launcher()},
   };
   return steps;

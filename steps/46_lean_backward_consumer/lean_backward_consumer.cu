@@ -2,13 +2,17 @@
 //
 // Nsight Compute's per-instruction stall sampling of step 40 against FlashAttention-3's backward (B=4 N=4096 H=16
 // d=128 bf16, no mask) found step 40's consumers busy with their own instructions, not waiting for the tensor cores:
-// 716 instructions a 64-row tile and warp against FA3's 414 for as many rows. Two of the causes are cheap to remove.
+// 716 instructions a 64-row tile and warp against FA3's 414 for as many rows. Three of the causes are cheap to remove.
 // The mask's test ran on every score of every tile, 32 branches a tile, though only the tiles that cross kv_len or
 // the causal diagonal need it: here the exponents' loop is compiled twice, with the test and without, and a tile
-// branches once to one of them (step 15 did this for the forward). And the exponents waited for the LSE's loads from
+// branches once to one of them (step 15 did this for the forward). The exponents waited for the LSE's loads from
 // shared memory, issued after the wait for S^T: at d = 128 they are issued before it and land while S^T is computed.
+// And every wgmma's two descriptors were rebuilt from addresses in each thread's registers and moved to uniform
+// registers (R2UR) at each use, because the compiler could not tell that the warpgroup index is the same across a
+// warp: read through a shuffle, it is, and the descriptors are built once and advanced by adding a constant.
 //
-// Measured on the H100 (two rounds, as a patch of step 40): 1.03-1.08x step 40, and 0.92-0.97x cuDNN at d = 128.
+// Measured on the H100 (two alternating rounds with cuDNN and FlashAttention-3): 1.03-1.09x step 40, and 0.92-1.01x
+// cuDNN at d = 128; the descriptors' change alone gave 1.02-1.06x at d = 128 and 1.00-1.01x at d = 64.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "20_wgmma/wgmma.cuh"
@@ -144,7 +148,11 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
   const std::uint32_t Empty = QdO_full + 8 * kStages;              // stage s: + 8 s, the consumers are done with it
 
   const int tid = threadIdx.x;
-  const int wg = tid / kGroupThreads - 1;              // consumer warpgroup 0 or 1; -1 is the producer
+  // The warpgroup, read from lane 0 through a shuffle: the same value, but now the compiler knows it is the same in
+  // every lane of the warp, so what is computed from it (the descriptors below) is kept in uniform registers, once
+  // a warp, instead of in each thread's and moved (R2UR) to uniform ones at every wgmma. CUTLASS's
+  // canonical_warp_group_idx() does the same.
+  const int wg = __shfl_sync(0xffffffff, tid / kGroupThreads - 1, 0);  // consumer warpgroup 0 or 1; -1: producer
   const int warp = (tid % kGroupThreads) / kWarpSize;  // warp within the warpgroup
   const int lane = tid % kWarpSize;
   const int g = lane >> 2;  // groupID: this lane's keys are g and g + 8 of its warp's 16
@@ -272,25 +280,28 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
 
   // Descriptors. K-major, for S^T and dP^T (A: this warpgroup's 64 keys of K_j or V_j; B: Q_i or dO_i, N = Br
   // rows): k-step k reads 16 columns, 32 bytes into chunk k / 4; 8-row groups are 1024 bytes apart.
-  auto kv_desc = [&](std::uint32_t tile, int k) {
-    return smem_descriptor(tile + (k / 4) * Bc * kChunkRowBytes + wg * kGroupKeys * kChunkRowBytes + (k % 4) * 32, 0,
-                           8 * kChunkRowBytes);
-  };
+  // Each is built once (a base) and advanced by a constant a k-step: the start address is the descriptor's low 14
+  // bits in 16-byte units, and an address in shared memory never carries out of them.
+  auto advance = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
+  const std::uint64_t K_desc = smem_descriptor(K_tile + wg * kGroupKeys * kChunkRowBytes, 0, 8 * kChunkRowBytes);
+  const std::uint64_t V_desc = smem_descriptor(V_tile + wg * kGroupKeys * kChunkRowBytes, 0, 8 * kChunkRowBytes);
+  auto kv_desc = [&](std::uint64_t base, int k) { return advance(base, (k / 4) * Bc * kChunkRowBytes + (k % 4) * 32); };
   auto q_desc = [&](std::uint32_t tile, int k) {
-    return smem_descriptor(tile + (k / 4) * Br * kChunkRowBytes + (k % 4) * 32, 0, 8 * kChunkRowBytes);
+    return advance(smem_descriptor(tile, 0, 8 * kChunkRowBytes), (k / 4) * Br * kChunkRowBytes + (k % 4) * 32);
   };
   // MN-major, as V was for O = P V: B of dV and dK (dO_i, Q_i: [query row][d]), k-step k is rows 16k .., 2048
   // bytes in, the next 64 columns a chunk (Br rows) further; A and B of dQ (dS^T: [key][query row], K_j:
   // [key][d]), k-step k is keys 16k .., the piece's 64 rows or columns chunk dq_rc or dq_dc (Bc rows each).
   auto q_mn_desc = [&](std::uint32_t tile, int k) {
-    return smem_descriptor(tile + k * 16 * kChunkRowBytes, Br * kChunkRowBytes, 8 * kChunkRowBytes);
+    return advance(smem_descriptor(tile, Br * kChunkRowBytes, 8 * kChunkRowBytes), k * 16 * kChunkRowBytes);
   };
   auto ds_desc = [&](std::uint32_t dS, int k) {
-    return smem_descriptor(dS + (dq_rc * Bc + k * 16) * kChunkRowBytes, Bc * kChunkRowBytes, 8 * kChunkRowBytes);
+    return advance(smem_descriptor(dS + dq_rc * Bc * kChunkRowBytes, Bc * kChunkRowBytes, 8 * kChunkRowBytes),
+                   k * 16 * kChunkRowBytes);
   };
-  auto k_mn_desc = [&](int k) {
-    return smem_descriptor(K_tile + (dq_dc * Bc + k * 16) * kChunkRowBytes, Bc * kChunkRowBytes, 8 * kChunkRowBytes);
-  };
+  const std::uint64_t K_mn_desc =
+      smem_descriptor(K_tile + dq_dc * Bc * kChunkRowBytes, Bc * kChunkRowBytes, 8 * kChunkRowBytes);
+  auto k_mn_desc = [&](int k) { return advance(K_mn_desc, k * 16 * kChunkRowBytes); };
 
   // dV and dK of this lane's keys key0, key0 + 8 (elements 0-1, 2-3), columns 8n + 2t, + 1.
   float dV[kKVTiles][4] = {}, dK[kKVTiles][4] = {};
@@ -309,10 +320,10 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     float S[kRowTiles][4], dP[kRowTiles][4];
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kDSteps; ++k) wgmma_ss<T>(S, kv_desc(K_tile, k), q_desc(Q_i, k), k > 0);
+    for (int k = 0; k < kDSteps; ++k) wgmma_ss<T>(S, kv_desc(K_desc, k), q_desc(Q_i, k), k > 0);
     wgmma_commit();
 #pragma unroll
-    for (int k = 0; k < kDSteps; ++k) wgmma_ss<T>(dP, kv_desc(V_tile, k), q_desc(dO_i, k), k > 0);
+    for (int k = 0; k < kDSteps; ++k) wgmma_ss<T>(dP, kv_desc(V_desc, k), q_desc(dO_i, k), k > 0);
     wgmma_commit();
     // The rows' LSE into registers while the tensor cores work (d = 128), so that the exponents do not wait for the
     // loads.

@@ -61,6 +61,7 @@ for section in $sections; do
         say "forward $shape"
         "$bench" --shape "$shape" --dtypes f32,f16 --causal no "${reps[@]}" --csv "$work/forward-${shape//,/x}.csv" \
           > "$work/forward-${shape//,/x}.txt" 2>&1 || { status=1; tail -3 "$work/forward-${shape//,/x}.txt"; }
+        merge  # shape by shape: the last shape alone takes minutes, and a call cut short keeps the others
       done ;;
     backward)
       say backward

@@ -5,7 +5,7 @@ Plain asserts, no pytest. `tools/tables.py parts --check FILE` re-prints every b
 `<!-- course-table PART DTYPE CSV -->` and `<!-- end course-table -->` from the CSV its marker names.
 First the fixture (tests/data/course/: one table from a few rows) must pass; then a copy with one number
 changed, one with a row dropped and one naming an unknown part must each fail; `--write` must restore the
-changed copy. Then the real README.md must pass.
+changed copy. Then the real README.md must pass, with a table for every part of the course, all from one CSV.
 """
 import os
 import shutil
@@ -45,8 +45,19 @@ def main() -> int:
         assert code == 0, out
         with open(copy, encoding="utf-8") as f:
             assert f.read() == good, "--write should restore the table"
-    code, out = run("--check", os.path.join(ROOT, "README.md"))
+    readme = os.path.join(ROOT, "README.md")
+    code, out = run("--check", readme)
     assert code == 0, f"README.md's course tables differ from their recorded CSV:\n{out}"
+    # One table a part, every part, all from the one recorded CSV (the f32 chain may add a second CUDA-core table).
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import tables  # noqa: E402
+    with open(readme, encoding="utf-8") as f:
+        markers = tables._BLOCK.findall(f.read())
+    parts = {m[1] for m in markers}
+    missing = [k for k in tables.PART_SHAPES if k not in parts]
+    assert not missing, f"README.md has no course table for the part(s) {missing}"
+    csvs = {m[3] for m in markers}
+    assert len(csvs) == 1, f"README.md's course tables come from more than one CSV: {sorted(csvs)}"
     print("course tables: the checker catches a changed number, a dropped row and an unknown part;", out.strip())
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figures from fa-bench CSVs: every figure of the course can be rebuilt from recorded data.
 
-    python3 tools/plots.py [CSV ...] [--out docs/figures]
+    python3 tools/plots.py [CSV ...] [--out docs/figures] [--course] [--only NAME,...]
 
 Without CSV arguments it reads docs/results/*.csv. Later files win where two
 rows describe the same measurement (step, variant, dtype, shape, causal, suite).
@@ -14,6 +14,10 @@ reason printed):
                       measured ceilings in bench/ceilings.csv
   memory_sweep.png    workspace beyond inputs and output (extra_bytes) against N
   accuracy.png        rel_err against kv_len, rows with suite "accuracy" or "accuracy-wide"
+
+`--course` reads the course's one recorded run (bench/course_run.sh), whose forward rows are timed at
+given shapes (suite "custom"): the teaching and headline shapes at d = 64 become those suites, so the
+speedup chain and the TFLOPS figure draw from that run alone. `--only` writes the named figures and no others.
 
 Rows whose step is not a two-digit course step (cublas, sdpa-*) are peers and
 are drawn grey and labelled "(peer)". The figures are the forward's: rows whose
@@ -351,6 +355,22 @@ def fig_accuracy(rows):
     return fig, None
 
 
+#: The course run's shapes that stand for the teaching and headline suites (B, Nq, Nkv, Hq, Hkv, d).
+COURSE_SUITES = {(4, 1024, 1024, 8, 8, 64): "teaching", (4, 4096, 4096, 16, 16, 64): "headline"}
+
+
+def course_suites(rows: list[dict]) -> list[dict]:
+    """The course run's forward rows at the teaching and headline shapes (d = 64) relabelled with those suites;
+    the other rows as they are."""
+    out = []
+    for r in rows:
+        shape = (r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"])
+        if r["suite"] == "custom" and r["pass"] == "forward" and shape in COURSE_SUITES:
+            r = dict(r, suite=COURSE_SUITES[shape])
+        out.append(r)
+    return out
+
+
 #: Output file name -> figure function.
 FIGURES = OrderedDict([
     ("time_teaching.png", fig_time_teaching),
@@ -361,15 +381,20 @@ FIGURES = OrderedDict([
 ])
 
 
-def render(paths, out_dir: str, dpi: int = 110) -> list[str]:
-    """Write every figure the rows of `paths` allow into out_dir; returns the files written. The figures
-    are the forward's: backward rows are left out."""
+def render(paths, out_dir: str, dpi: int = 110, course: bool = False, only=None) -> list[str]:
+    """Write every figure the rows of `paths` allow into out_dir (those in `only`, if given); returns the files
+    written. The figures are the forward's: backward rows are left out. `course`: see course_suites."""
     import matplotlib.pyplot as plt
 
-    rows = select(load(paths), **{"pass": "forward"})
+    rows = load(paths)
+    if course:
+        rows = course_suites(rows)
+    rows = select(rows, **{"pass": "forward"})
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, make in FIGURES.items():
+        if only and name not in only:
+            continue
         fig, why_not = make(rows)
         if fig is None:
             print(f"skipped {name}: {why_not}")
@@ -387,14 +412,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", nargs="*", help="fa-bench CSVs (default: docs/results/*.csv)")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "figures"), help="output folder")
+    parser.add_argument("--course", action="store_true", help="the CSV is the course's one run (course_run.sh): "
+                        "its teaching and headline shapes at d = 64 stand for those suites")
+    parser.add_argument("--only", default="", help="comma-separated figure names to write (default: all), one of "
+                        + ", ".join(FIGURES))
     args = parser.parse_args(argv)
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in FIGURES]
+    if unknown:
+        parser.error(f"--only: unknown figure(s) {', '.join(unknown)}; expected some of {', '.join(FIGURES)}")
     paths = args.csv or sorted(glob.glob(os.path.join(REPO, "docs", "results", "*.csv")))
     if not paths:
         parser.error("no CSV given and none in docs/results/")
     import matplotlib
 
     matplotlib.use("Agg")
-    render(paths, args.out)
+    render(paths, args.out, course=args.course, only=only)
     return 0
 
 

@@ -61,4 +61,14 @@ with tempfile.TemporaryDirectory() as folder:
     assert all(r["gbps"] != r["gbps"] for r in plots.load([old]))  # NaN
     assert sorted(r["pass"] for r in plots.load([new])) == ["backward", "forward"]
     assert [r["pass"] for r in plots.load([old, new])].count("forward") == 1  # the same measurement, later file wins
-print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header")
+# The course run's rows (suite "custom"): the forward's at the teaching and headline shapes (d = 64) stand for those
+# suites in the figures (plots.py --course); the same shape's backward rows and the d = 128 rows stay as they are.
+course = []
+for pass_, sh in (("forward", shape), ("backward", shape), ("forward", (4, 4096, 4096, 16, 16, 64)),
+                  ("forward", (4, 4096, 4096, 16, 16, 128))):
+    course.append(dict(zip(plots.COLUMNS, sdpa_peers.peer_row("sdpa-flash", "f16", sh, False, "custom", "GPU", 1.0,
+                                                              1.0, 1.0, 15, 0, 1e-3, 1e-3, pass_))))
+    course[-1].update({k: int(course[-1][k]) for k in ("batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim")})
+assert [r["suite"] for r in plots.course_suites(course)] == ["teaching", "custom", "headline", "custom"]
+print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header; "
+      "the course run's shapes map to the teaching and headline suites")

@@ -126,8 +126,11 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
   // every other case (a CPU test checks it), that P and its dS = -P D stay finite even packed to f16 (65504), reach
   // dQ only through the zero K row, and the gradients stay right: no other case sees the mistake. The forward's cases see it already (an unmasked key's score 0
   // weighs about as much as the others'), so the forward leaves this one out.
+  // 410 query rows over 203 keys, so that with the (top-left) causal mask too rows reach past kv_len, and whole Q
+  // tiles (rows 256 and on) lie past the last K tile of every size up to 128: a kernel that trusts the causal
+  // diagonal to mask the tail tile fails here too, not only one that forgets kv_len altogether.
   const std::size_t before_backward_only = out.size();
-  stress("-1000 on every score of a row, over a kv_len no tile divides", problem(2, 200, 203, 4, 2, d),
+  stress("-1000 on every score of a row, over a kv_len no tile divides", problem(2, 410, 203, 4, 2, d),
          InputKind::offset_minus_1000);
   for (std::size_t i = before_backward_only; i < out.size(); ++i) out[i].backward_only = true;
   stress("scale = 0: the mean of V's visible rows", problem(2, 100, 131, 4, 2, d, 0), InputKind::zero_scale);

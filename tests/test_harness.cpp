@@ -56,6 +56,9 @@ TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded 
   CHECK(c.backward_only);
   // kv_len past a whole tile of every size the steps use: the case's lesson is the tail tile's mask.
   for (int tile : {16, 32, 64, 128, 176, 192}) CHECK(c.problem.kv_len % tile != 0);
+  // With the causal mask as well: a whole Q tile of 128 rows starts past the last K tile of 128 keys, so the mask
+  // of that tile cannot come from the causal diagonal.
+  CHECK(c.problem.q_len > (c.problem.kv_len + 127) / 128 * 128);
   const test::Prepared prep = test::prepare(c, 13);
   double highest = -INFINITY;
   for (double lse : prep.expected_lse) highest = std::max(highest, lse);
@@ -79,7 +82,10 @@ TEST_CASE("only the backward's -1000 case has a row that reaches past kv_len wit
     double lowest = INFINITY;
     for (std::size_t e = 0; e < prep.expected_lse.size(); ++e)
       if (!p.causal || int(e % p.q_len) >= p.kv_len) lowest = std::min(lowest, prep.expected_lse[e]);
-    if (lowest == INFINITY) continue;  // causal with q_len <= kv_len: no row reaches past kv_len
+    if (lowest == INFINITY) {  // causal with q_len <= kv_len: no row reaches past kv_len
+      CHECK(c.kind != test::InputKind::offset_minus_1000);  // the -1000 case reaches past it with the mask too
+      continue;
+    }
     INFO(c.describe() << ": lowest LSE of a row that reaches past kv_len " << lowest);
     CHECK((lowest < -11) == (c.kind == test::InputKind::offset_minus_1000));
   }

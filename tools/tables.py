@@ -85,6 +85,7 @@ def times(rows, suite, steps, dtypes, causals, head_dim=None, baseline="cublas")
                 base = [r for r in chosen if r["step"] == baseline]
                 base_ms = base[0]["ms"] if base else math.nan
                 listed = [r for label in steps for r in chosen if _matches(r, [label])]
+                listed = [r for i, r in enumerate(listed) if all(r is not q for q in listed[:i])]  # "11,11-f32": once
                 if not [r for r in listed if r["step"] != baseline]:
                     continue  # nothing but the baseline at this shape
                 best_ms: dict[str, float] = {}  # fastest variant of each course step listed

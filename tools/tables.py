@@ -4,7 +4,8 @@
 Every number in a README table is pasted from this script's output, so it can be
 checked against the recorded CSV (docs/results/) at any time:
 
-    python3 tools/tables.py times --suite teaching --steps 04,05 [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
+    python3 tools/tables.py times --suite teaching [--steps 04,05] [--dtypes f32,f16] [--causal 0,1] [--head-dim 64]
+                                               # without --steps: every step of the suite, then the peers
     python3 tools/tables.py accuracy --steps 06-br16,07-double,07-ff [--suite accuracy]
     python3 tools/tables.py course             # the top README's step table
     python3 tools/tables.py compare --old old.csv --new new.csv [--pair 13=09]   # an old tree against a new one
@@ -96,8 +97,9 @@ def times(rows, suite, steps, dtypes, causals, head_dim=None, baseline="cublas")
                 for r in listed:
                     earlier = [k for k in best_ms if k < r["step"]] if not plots.is_peer(r) else []
                     prev = f"{_fmt(best_ms[max(earlier)] / r['ms'])}×" if earlier else "–"
+                    vs_base = f"{_fmt(base_ms / r['ms'])}×" if not math.isnan(base_ms) else "–"  # no cuBLAS row
                     lines.append(f"{cell}| {_name(r)} | {dtype} | {'yes' if causal else 'no'} | {_fmt(r['ms'], 4)} | "
-                                 f"{_fmt(r['tflops'])} | {prev} | {_fmt(base_ms / r['ms'])}× | {_sci(r['rel_err'])} |")
+                                 f"{_fmt(r['tflops'])} | {prev} | {vs_base} | {_sci(r['rel_err'])} |")
     return "\n".join(lines)
 
 
@@ -522,6 +524,9 @@ def main(argv=None) -> int:
         return 0
     rows = load(paths)
     if args.table == "times":
+        if not steps:  # every step id of the suite, in order; the peers after them
+            ids = sorted({r["step"] for r in rows if r["suite"] == (args.suite or "teaching")})
+            steps = [i for i in ids if not plots.is_peer({"step": i})] + [i for i in ids if plots.is_peer({"step": i})]
         print(times(rows, args.suite or "teaching", steps + ["cublas"] if "cublas" not in steps else steps,
                     args.dtypes.split(","), [int(c) for c in args.causal.split(",")], args.head_dim))
     elif args.table == "compare":

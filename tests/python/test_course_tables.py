@@ -6,7 +6,8 @@ Plain asserts, no pytest. `tools/tables.py parts --check FILE` re-prints every b
 First the fixture (tests/data/course/: one table from a few rows) must pass; then a copy with one number
 changed, one with a row dropped and one naming an unknown part must each fail; `--write` must restore the
 changed copy. Then the real README.md must pass, with a table for every part of the course, all from one CSV.
-Last, `tables.py times` must list a row once when both a step and its variant are named.
+Last, `tables.py times` must list a row once when both a step and its variant are named, and every step of the
+suite when none is named.
 """
 import os
 import shutil
@@ -60,11 +61,17 @@ def main() -> int:
     csvs = {m[3] for m in markers}
     assert len(csvs) == 1, f"README.md's course tables come from more than one CSV: {sorted(csvs)}"
     # `times` lists a row once when a step and its variant are both named ("11,11-f32": 11 already takes in 11-f32).
-    rows = tables.plots.load([os.path.join(ROOT, "docs", "results", "h200-2026-11-27i-hosted-teaching.csv")])
+    rows_csv = os.path.join(ROOT, "docs", "results", "h200-2026-11-27i-hosted-teaching.csv")
+    rows = tables.plots.load([rows_csv])
     variant = next(r for r in rows if r["variant"] and not tables.plots.is_peer(r))
     label = f"{variant['step']}-{variant['variant']}"
     text = tables.times(rows, variant["suite"], [variant["step"], label], [variant["dtype"]], [variant["causal"]])
     assert text.count(f"| {tables._name(variant)} |") == 1, f"{label} listed twice:\n{text}"
+    # Without --steps, `times` lists every step of the suite and then the peers.
+    done = subprocess.run([sys.executable, TABLES, "times", "--csv", rows_csv, "--suite", "teaching", "--dtypes", "f16",
+                           "--causal", "0"], capture_output=True, text=True)
+    listed = [line.split(" | ")[0].lstrip("| ") for line in done.stdout.splitlines()[2:]]
+    assert done.returncode == 0 and listed[:3] == ["04", "06-br8", "06-br16"] and listed[-1].endswith("(peer)"), done.stdout
     print("course tables: the checker catches a changed number, a dropped row and an unknown part;", out.strip())
     return 0
 

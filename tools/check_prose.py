@@ -10,8 +10,9 @@ cannot go stale as steps are added.
 
 The facts: every step's id, folder, oldest GPU (`min_arch`, and `arch_specific` for sm_90a: runs on sm_90
 alone), pass, dtypes and whether it takes a KV cache; from them each step's part of the course (CUDA cores,
-mma.sync, Hopper, backward, inference: decode). A part may be more than one run of numbers: the backward is
-26-40 and 46, since a step added to a part after the next part began takes the next free number. Also every
+mma.sync, Hopper, backward, inference: decode), each one run of consecutive numbers in reading order (a step added
+to a part after the next part began is numbered into its part and the steps after it renumbered, as step 41 was on
+2026-11-28: tools/plots.py's OLD_TO_NEW). Also every
 exercise's minutes (exercises/*/exercise.spec), every mutant's step, checker and mistake (tests/mutants/*.mutant)
 and the GPUs of the recorded runs (docs/results/). The prose: README.md, docs/*.md, notebooks/README.md and
 exercises/README.md.
@@ -20,8 +21,8 @@ What it checks:
 1. Generated blocks, `<!-- generated: NAME ... -->` to `<!-- end generated -->`, hold exactly what
    `--write` would put there (step tables by part, GPU classes, mistakes by part).
 2. Step tables (a Markdown table whose first column is `step` and which has a `GPU` column): every row's
-   GPU matches its step, each row's step follows the one before in number or in its part (40, then 46), and
-   the table starts and ends where a part does.
+   GPU matches its step, each row's step follows the one before in number, and the table starts and ends
+   where a part does.
 3. Claims in a clause: "steps 09-18 need sm_80 or newer", "exercises 20-25 ... sm_90 exactly", "step 29:
    ..., sm_90", "26 and 27 run on any GPU", "steps 28-37 ... (f16 and bf16)". A step or exercise range (NN,
    NN-MM, NN to MM, NN and MM) and, before the next range or the clause's end (`;` or `.`), a GPU (any
@@ -35,6 +36,7 @@ What it checks:
    that is a mistake, with its file's step, and none for a mutant without a file.
 6. Agendas (tables headed `| time | min | slot | what | exercise |`): each slot starts when the one before
    ends, an exercise slot takes its spec's minutes, and the "Minutes: ..." line after the tables adds up.
+7. Every part is contiguous: its steps are one run of consecutive numbers, and the parts come in reading order.
 
 Prints each problem as FILE:LINE: what is wrong, and exits 1 if there is any.
 """
@@ -48,6 +50,9 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plots  # noqa: E402  the CSV ids of runs recorded before the renumbering (plots.step_id_of)
 
 PROSE = ["README.md", "docs/*.md", "notebooks/README.md", "exercises/README.md"]
 PARTS = [  # (key, name), in reading order
@@ -210,7 +215,7 @@ def read_facts(root: str, fa_run: str | None, problems: list) -> Facts:
             with open(path, encoding="utf-8", newline="") as f:
                 for row in csv.DictReader(f):
                     if re.match(r"^\d\d$", row.get("step") or ""):
-                        ids.add(row["step"])
+                        ids.add(plots.step_id_of(path, row["step"]))
             recorded.setdefault(gpu, []).append((os.path.relpath(path, root), ids))
     return Facts(steps, minutes, mutants, recorded)
 
@@ -426,6 +431,21 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
                 problems.append(f"{where(m.start())}: \"{m.group(0)}\": there are {truth[key]} {what}")
 
 
+def check_parts_contiguous(facts: Facts, problems: list) -> None:
+    """Each part one run of consecutive step numbers, the parts in reading order (PARTS)."""
+    order = [key for key, _ in PARTS]
+    for key, name, steps in facts.parts():
+        runs = runs_of([s.id for s in steps])
+        if len(runs) > 1:
+            problems.append(f"steps/: the part {name!r} is not contiguous ({span([s.id for s in steps])}): number a "
+                            "step added to a part into it and renumber the steps after it (tools/plots.py's OLD_TO_NEW "
+                            "maps the recorded CSVs' ids)")
+    for a, b in zip(facts.steps, facts.steps[1:]):
+        if order.index(b.part) < order.index(a.part):
+            problems.append(f"steps/: step {b.id} ({b.part}) comes after step {a.id} ({a.part}): the parts go "
+                            + ", ".join(order))
+
+
 def check_step_table(rows: list, facts: Facts, problems: list, path: str) -> None:
     """rows: (line number, cells) of a table whose header has `step` first and a `GPU` column."""
     (_, header), body = rows[0], rows[2:]
@@ -448,7 +468,7 @@ def check_step_table(rows: list, facts: Facts, problems: list, path: str) -> Non
         return
     starts = {steps[0].id for _, _, steps in facts.parts()}
     ends = {steps[-1].id for _, _, steps in facts.parts()}
-    # A row follows the step before it in number, or in its part (the backward's 40 is followed by 46).
+    # A row follows the step before it in number, or in its part (were a part ever not contiguous, check 0 says so).
     next_in_part = {a.id: b.id for _, _, steps in facts.parts() for a, b in zip(steps, steps[1:])}
     for a, b in zip(ids, ids[1:]):
         if int(b) != int(a) + 1 and next_in_part.get(a) != b:
@@ -603,6 +623,7 @@ def main(argv=None) -> int:
     SHOWN = [] if args.show else None
     problems: list[str] = []
     facts = read_facts(args.root, args.fa_run, problems)
+    check_parts_contiguous(facts, problems)
     files = sorted({p for pattern in PROSE for p in glob.glob(os.path.join(args.root, pattern))})
     for path in files:
         check_file(path, args.root, facts, problems, args.write)

@@ -66,8 +66,29 @@ def _number(text: str, integer: bool):
     return int(value) if integer and math.isfinite(value) else value
 
 
+#: The renumbering of 2026-11-28 (issue 54), so that every part of the course is contiguous: step 46 (the lean
+#: backward consumer) became step 41, after the backward's step 40, and the decode steps 41-45 became 42-46. A CSV
+#: recorded before it (a file whose name starts with a GPU and a date before RENUMBERED_ON, as every file in
+#: docs/results/ does) keeps the ids of its day; load() reads its step ids through OLD_TO_NEW, so that every table
+#: and figure speaks today's numbers. The runs files (docs/results/runs/*.txt) keep the numbers of their day.
+RENUMBERED_ON = "2026-11-28"
+OLD_TO_NEW = {"41": "42", "42": "43", "43": "44", "44": "45", "45": "46", "46": "41"}
+
+
+def recorded_before_renumbering(path: str) -> bool:
+    """True for a recorded CSV (named GPU-YYYY-MM-DD...) from before RENUMBERED_ON: its step ids are the old ones."""
+    m = re.match(r"^[a-z0-9]+-(\d{4}-\d{2}-\d{2})", os.path.basename(path))
+    return bool(m) and m.group(1) < RENUMBERED_ON
+
+
+def step_id_of(path: str, step: str) -> str:
+    """A row's step id as the course numbers it today (the id itself for a CSV recorded after the renumbering)."""
+    return OLD_TO_NEW.get(step, step) if recorded_before_renumbering(path) else step
+
+
 def load(paths) -> list[dict]:
-    """Read one or several fa-bench CSVs into dicts with typed values, later files overriding earlier rows."""
+    """Read one or several fa-bench CSVs into dicts with typed values, later files overriding earlier rows; the step
+    ids of a CSV recorded before the renumbering of RENUMBERED_ON are read as today's."""
     rows: "OrderedDict[tuple, dict]" = OrderedDict()
     for path in paths:
         with open(path, newline="") as f:
@@ -81,6 +102,7 @@ def load(paths) -> list[dict]:
                         row[column] = _number(text, integer=False)
                     else:
                         row[column] = text
+                row["step"] = step_id_of(path, row["step"])
                 if row["causal"] is None:  # an older CSV without the column: non-causal
                     row["causal"] = 0
                 if not row["pass"]:  # an older CSV without the column: the forward

@@ -13,9 +13,9 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # medians over alternating rounds (bench/hopper_rounds.sh)
     python3 tools/tables.py backward --csv out/bwd.csv [--steps 26,27] [--head-dim 128] [--suite backward]
                                                # the backward's steps against SDPA's flash and cuDNN and FA3
-    python3 tools/tables.py decode --csv docs/results/X.csv [--steps 41,42,43]
+    python3 tools/tables.py decode --csv docs/results/X.csv [--steps 42,43,44]
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
-    python3 tools/tables.py pages --csv docs/results/ablations/X.csv [--steps 44]
+    python3 tools/tables.py pages --csv docs/results/ablations/X.csv [--steps 45]
                                                # a paged cache (fa-bench --page-size N) against the contiguous one
     python3 tools/tables.py parts --csv docs/results/X-course.csv [--part hopper] [--dtypes f32]
                                                # the top README's tables, one a part of the course, from the

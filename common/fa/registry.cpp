@@ -202,23 +202,23 @@ const std::vector<StepInfo>& all_steps() {
       {"40", "", "warp_specialized_backward",
        "a producer warpgroup loads Q, dO, LSE and D and hands dQ to the copy engine; the consumers meet only at dS^T",
        step40::launcher()},
-      {"41", "", "split_kv_decode",
-       "decode: each sequence's keys split among blocks, each writing a partial O and its LSE; a second kernel merges them",
-       step41::launcher()},
-      {"42", "", "gqa_packed_decode",
-       "decode: the query heads of a GQA group share a block, so each split reads its keys once for all of them",
-       step42::launcher()},
-      {"43", "", "pipelined_decode",
-       "decode: each thread keeps its next tiles of K and V on the way to shared memory (cp.async) while it computes",
-       step43::launcher()},
-      {"44", "", "paged_decode",
-       "decode from a paged KV cache: each key's row found through the sequence's page table (vLLM's layout)",
-       step44::launcher()},
-      {"45", "", "tensor_core_decode",
-       "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
-       step45::launcher()},
-      {"46", "", "lean_backward_consumer",
+      {"41", "", "lean_backward_consumer",
        "step 40's consumers with fewer instructions a tile: the mask's test compiled out of tiles that need none, the LSE loaded before the wait for S^T, the wgmma descriptors built once in uniform registers",
+       step41::launcher()},
+      {"42", "", "split_kv_decode",
+       "decode: each sequence's keys split among blocks, each writing a partial O and its LSE; a second kernel merges them",
+       step42::launcher()},
+      {"43", "", "gqa_packed_decode",
+       "decode: the query heads of a GQA group share a block, so each split reads its keys once for all of them",
+       step43::launcher()},
+      {"44", "", "pipelined_decode",
+       "decode: each thread keeps its next tiles of K and V on the way to shared memory (cp.async) while it computes",
+       step44::launcher()},
+      {"45", "", "paged_decode",
+       "decode from a paged KV cache: each key's row found through the sequence's page table (vLLM's layout)",
+       step45::launcher()},
+      {"46", "", "tensor_core_decode",
+       "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
        step46::launcher()},
   };
   return steps;
@@ -346,7 +346,7 @@ std::string unknown_step_message(const std::string& item) {
       message += (i == 0 ? "" : i + 1 == meant.size() ? " or " : ", ") + meant[i];
     message += "?)";
   }
-  // The known ids, each run of consecutive numbers written "01 to 45" (ids are two digits, in course order).
+  // The known ids, each run of consecutive numbers written "01 to 46" (ids are two digits, in course order).
   std::vector<std::string> ids;
   const StepInfo* variant = nullptr;  // the first step with variants, for the example of a label
   for (const StepInfo& s : steps) {

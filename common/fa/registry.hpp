@@ -99,7 +99,7 @@ std::vector<const StepInfo*> select_steps(const std::string& spec);
 /// several (an id of variants, "05"), and unknown_step_message when it selects none. `listing` names where the
 /// list is printed ("fa-run --list").
 const StepInfo& step_named(const std::string& label, const std::string& listing);
-/// "no step or baseline called '5' (did you mean 05?); known: 01 to 45 (a variant by its label, e.g. 05-pad1),
+/// "no step or baseline called '5' (did you mean 05?); known: 01 to 46 (a variant by its label, e.g. 05-pad1),
 /// cublas": the refusal of an id that names nothing, with the ids the registry has and what `item` may have meant
 /// (the zero-padded id, the id of a step's name, labels that start with it, the label it starts with).
 std::string unknown_step_message(const std::string& item);

@@ -222,7 +222,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--forward", default="25", help="the course's forward step")
     parser.add_argument("--backward", default="40", help="the course's backward step")
-    parser.add_argument("--decode", default="45", help="the course's decode step")
+    parser.add_argument("--decode", default="46", help="the course's decode step")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     text = corpus(60000, args.seed)

@@ -9,7 +9,7 @@ sequence's length, and every page no sequence uses, holds NaN: a read of one sho
 tests compare: the step's largest error against a float32 reference at most twice PyTorch's own attention's in the
 input dtype, plus twice the dtype's rounding at the reference's size.
 
-    PYTHONPATH=build/python python3 python/tests/decode_cache.py [--steps 43,45]
+    PYTHONPATH=build/python python3 python/tests/decode_cache.py [--steps 44,46]
 
 Prints one line per case that fails and a summary; exits 1 if any failed.
 """

@@ -48,7 +48,7 @@ out = np.zeros_like(q)
 listed = {s["label"]: s for s in fa_course.steps()}
 assert listed["01"]["pass"] == "forward" and "f32" in listed["01"]["dtypes"], listed["01"]
 assert listed["27"]["pass"] == "backward", listed["27"]
-assert listed["41"]["max_q_len"] == 8 and listed["41"]["kv_lens"] and not listed["01"]["kv_lens"], listed["41"]
+assert listed["42"]["max_q_len"] == 8 and listed["42"]["kv_lens"] and not listed["01"]["kv_lens"], listed["42"]
 
 # The step's name: a label names its step even where it is another's prefix ("11" and "11-f32").
 assert "no step or baseline called 'zz'" in refusal(fa_course.forward, "zz", q, k, v, out)
@@ -79,8 +79,8 @@ assert refusal(fa_course.forward, "11", q96, k96, k96, np.zeros_like(q96)) == (
 assert refusal(fa_course.forward, "09-br64", q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
                out) == "step 09-br64: dtype = f32 is not supported; supported: f16, bf16"
 q9 = np.zeros((2, 9, 4, 64), f16)
-assert refusal(fa_course.forward, "41", q9, k, v, np.zeros_like(q9)).startswith(
-    "step 41: q_len = 9 is not supported; supported: 1 .. 8 new tokens per sequence"), "decode: too many new tokens"
+assert refusal(fa_course.forward, "42", q9, k, v, np.zeros_like(q9)).startswith(
+    "step 42: q_len = 9 is not supported; supported: 1 .. 8 new tokens per sequence"), "decode: too many new tokens"
 assert refusal(fa_course.forward, "11", q, k, v, out, causal=True, causal_align="bottom-right").startswith(
     "step 11: causal_align = bottom-right is not supported; supported: top-left")
 assert refusal(fa_course.forward, "11", np.zeros((2, 8, 3, 64), f16), k, v, out) == (
@@ -92,13 +92,13 @@ assert refusal(fa_course.forward, "11", q, k, v, out, causal_align="middle") == 
 lens = np.array([8, 3], np.int32)
 assert refusal(fa_course.forward, "11", q, k, v, out, kv_lens=lens).startswith(
     "step 11: kv_lens = 2 per-sequence lengths is not supported; supported: one kv_len for every sequence")
-assert refusal(fa_course.forward, "41", q[:, :1], k, v, out[:, :1], kv_lens=lens.astype(np.int64)) == (
+assert refusal(fa_course.forward, "42", q[:, :1], k, v, out[:, :1], kv_lens=lens.astype(np.int64)) == (
     "kv_lens: must be int32 [2]; got [2] DLPack code 0, 64 bits")
 pool = np.zeros((4, 4, 2, 64), f16)  # 4 pages of 4 tokens; two pages a sequence
 table = np.array([[2, 0], [1, 3]], np.int32)
-assert refusal(fa_course.forward, "43", q[:, :1], pool, pool, out[:, :1], page_table=table).startswith(
-    "step 43: page_size = 4 is not supported")
-assert refusal(fa_course.forward, "44", q[:, :1], pool, pool, out[:, :1], page_table=table[:1]).startswith(
+assert refusal(fa_course.forward, "44", q[:, :1], pool, pool, out[:, :1], page_table=table).startswith(
+    "step 44: page_size = 4 is not supported")
+assert refusal(fa_course.forward, "45", q[:, :1], pool, pool, out[:, :1], page_table=table[:1]).startswith(
     "page_table: a paged call takes the page table int32 [B, pages per sequence] with Q's batch")
 
 # Where the tensors live: host memory is refused by name, before anything runs.

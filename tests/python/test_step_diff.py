@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""tools/step-diff never diffs across parts unless it is told to: every step's base (the step `tools/step-diff NN`
+diffs it against) lies in the step's own part; only the first step of a part may build on a forward step (the part it
+grows from: Hopper's 20 on mma.sync's 18, the backward's 26 on step 01), or start a new kernel ("none", with a
+sentence that says so). The parts are tools/check_prose.py's, read from the steps' sources.
+
+Plain asserts, no pytest, Python 3 only. First the rule must reject a made-up course whose first decode step
+diffs against the backward step numbered before it (what `tools/step-diff 41` did before the renumbering), then
+the real tree must pass.
+"""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import check_prose  # noqa: E402  the one place that knows which part a step belongs to
+
+FORWARD = ("cuda-cores", "mma-sync", "hopper")
+
+
+def problems(part_of: dict, base_of: dict) -> list:
+    """part_of: step id -> part, in course order; base_of: step id -> the base's id or 'none'."""
+    found, seen_parts = [], set()
+    for sid, part in part_of.items():
+        first = part not in seen_parts
+        seen_parts.add(part)
+        base = base_of[sid]
+        if base == "none":
+            if not first:
+                found.append(f"step {sid}: step-diff has no base for it, but it is not the first step of its part ({part})")
+            continue
+        if int(base) >= int(sid):
+            found.append(f"step {sid}: its base {base} does not come before it")
+        base_part = part_of.get(base)
+        if base_part == part:
+            continue
+        if not first:
+            found.append(f"step {sid} ({part}) diffs against step {base} ({base_part}): a step other than its part's "
+                         "first must build on a step of its own part")
+        elif base_part not in FORWARD:
+            found.append(f"step {sid}, the first of {part}, diffs against step {base} ({base_part}): the first step of a "
+                         "part builds on a forward step or starts a new kernel (NEW in tools/step-diff)")
+    return found
+
+
+def step_diff(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", os.path.join(REPO, "tools", "step-diff"), *args], capture_output=True, text=True)
+
+
+def main() -> int:
+    # A made-up course: the decode part's first step left to the default base, the backward step before it.
+    part_of = {"38": "backward", "39": "backward", "40": "backward", "41": "decode", "42": "decode"}
+    wrong = problems(part_of, {"38": "none", "39": "38", "40": "39", "41": "40", "42": "41"})
+    assert len(wrong) == 1 and "step 41, the first of decode, diffs against step 40 (backward)" in wrong[0], wrong
+    # A later step of a part that diffs across parts, and a base that is not before the step.
+    wrong = problems(part_of, {"38": "none", "39": "38", "40": "39", "41": "none", "42": "39"})
+    assert wrong == ["step 42 (decode) diffs against step 39 (backward): a step other than its part's first must "
+                     "build on a step of its own part"], wrong
+    assert "does not come before it" in problems(part_of, {"38": "none", "39": "40", "40": "39", "41": "none",
+                                                           "42": "41"})[0]
+    # Its first step starting a new kernel is right; a base in the part itself is right.
+    assert problems(part_of, {"38": "none", "39": "38", "40": "39", "41": "none", "42": "41"}) == []
+    assert problems({"40": "backward", "41": "backward"}, {"40": "none", "41": "none"}) == [
+        "step 41: step-diff has no base for it, but it is not the first step of its part (backward)"]
+
+    # The real tree.
+    steps = check_prose.steps_from_sources(REPO)
+    part_of = {s.id: s.part for s in steps}
+    base_of = {}
+    for s in steps:
+        got = step_diff(s.id, "--base")
+        assert got.returncode == 0, (s.id, got.stderr)
+        base_of[s.id] = got.stdout.strip()
+        if base_of[s.id] == "none" and s.id != steps[0].id:
+            said = step_diff(s.id)
+            assert said.returncode == 0 and "starts a new kernel" in said.stdout, (s.id, said.stdout, said.stderr)
+    found = problems(part_of, base_of)
+    for p in found:
+        print(p)
+    print(f"{len(steps)} steps, {sum(b == 'none' for b in base_of.values())} starting a new kernel: "
+          f"{len(found)} problem(s)")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 //
 // Steps 43-45 score each key for each of a block's rows on the CUDA cores: for every 16-byte piece of a key, 8 FMAs
 // and a tree of shuffles a row, then 8 FMAs a row for P V. At 32/8 heads a block holds 4 rows, and ncu counts step
-// 43's split kernel issuing on 55 % of its cycles while the HBM is 71 % busy (B = 8, f16): the instructions, not the
+// 44's split kernel issuing on 55 % of its cycles while the HBM is 71 % busy (B = 8, f16): the instructions, not the
 // bytes, set the pace. Here the block's rows, up to 16, are the rows of mma.sync m16n8k16 (step 09): S = Q K^T and
 // O += P V take one tensor-core instruction per 16 x 8 x 16 block whatever the number of rows, and the rows past the
 // group's are zeros the tensor cores multiply at no cost. Each of the 4 warps owns 16 keys of every 64-key tile: its

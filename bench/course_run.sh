@@ -11,11 +11,17 @@
 #             d = 128, f32 (the CUDA-core steps' chain) and f16, no mask, with the cuBLAS baseline
 #   backward  fa-bench --suite backward (the teaching shape in f32 and f16, then B=4 N=4096 d = 64 and 128 and
 #             B=1 N=16384 d = 128 in f16 and bf16, causal and not)
-#   decode    fa-bench --suite decode (issue 32's four shapes, f16 and bf16)
+#   decode    fa-bench --suite decode (issue 32's four shapes, f16 and bf16), then the steps that take a paged cache
+#             on pages of 16, 64 and 256 tokens in a shuffled order (fa-bench --page-size, f16; suite decode-pagesN)
 #   peers     SDPA's FlashAttention-2 and cuDNN backends (bench/sdpa_peers.py) at the same shapes and passes, f16
 #             (and bf16 for the backward and decode); FlashAttention-3 (bench/fa3_peer.py, the flash-attn3-jax
-#             wheel in .whl/, d = 128) for the forward and the backward
-# FA_COURSE_REPS sets fa-bench's --reps (default: its own, about 1 s of launches a measurement).
+#             wheel in .whl/, d = 128) for the forward and the backward; the GPU's ceilings (bench/ceilings.py: the
+#             HBM read that bounds decode, a copy, a bf16 GEMM; pass ceiling)
+# FA_COURSE_REPS sets fa-bench's --reps (default: its own, about 1 s of launches a measurement). Where device time
+# is short: FA_COURSE_SHAPES picks the forward's shapes (default all four, as B,Nq,Nkv,Hq,Hkv,d), FA_COURSE_F32 the
+# ones also timed in f32 (default all; the f32 chain of the README is the teaching shapes'), FA_COURSE_MAX_MS skips
+# the forward steps slower than that a call (fa-bench --max-ms; e.g. the CUDA-core steps at the headline shapes),
+# FA_COURSE_PAGES the page sizes (default "16 64 256"); the runs file says what a run left out.
 set -uo pipefail
 csv=${1:?usage: bash bench/course_run.sh OUT.csv [forward] [backward] [decode] [peers]}
 shift
@@ -25,7 +31,11 @@ bench=build/bench/fa-bench
 work=$(mktemp -d)
 reps=()
 [ -n "${FA_COURSE_REPS:-}" ] && reps=(--reps "$FA_COURSE_REPS")
-forward_shapes="4,1024,1024,8,8,64 4,1024,1024,8,8,128 4,4096,4096,16,16,64 4,4096,4096,16,16,128"
+max_ms=()
+[ -n "${FA_COURSE_MAX_MS:-}" ] && max_ms=(--max-ms "$FA_COURSE_MAX_MS")
+all_forward_shapes="4,1024,1024,8,8,64 4,1024,1024,8,8,128 4,4096,4096,16,16,64 4,4096,4096,16,16,128"
+forward_shapes=${FA_COURSE_SHAPES:-$all_forward_shapes}
+f32_shapes=${FA_COURSE_F32:-$all_forward_shapes}
 status=0
 say() { echo "== $* ($SECONDS s)"; }
 
@@ -59,7 +69,9 @@ for section in $sections; do
     forward)
       for shape in $forward_shapes; do
         say "forward $shape"
-        "$bench" --shape "$shape" --dtypes f32,f16 --causal no "${reps[@]}" --csv "$work/forward-${shape//,/x}.csv" \
+        dtypes=f16
+        [[ " $f32_shapes " == *" $shape "* ]] && dtypes=f32,f16
+        "$bench" --shape "$shape" --dtypes "$dtypes" --causal no "${reps[@]}" "${max_ms[@]}" --csv "$work/forward-${shape//,/x}.csv" \
           > "$work/forward-${shape//,/x}.txt" 2>&1 || { status=1; tail -3 "$work/forward-${shape//,/x}.txt"; }
         merge  # shape by shape: the last shape alone takes minutes, and a call cut short keeps the others
       done ;;
@@ -70,8 +82,16 @@ for section in $sections; do
     decode)
       say decode
       "$bench" --suite decode "${reps[@]}" --csv "$work/decode.csv" > "$work/decode.txt" 2>&1 ||
-        { status=1; tail -3 "$work/decode.txt"; } ;;
+        { status=1; tail -3 "$work/decode.txt"; }
+      for pages in ${FA_COURSE_PAGES-16 64 256}; do
+        say "decode, pages of $pages"
+        "$bench" --suite decode --page-size "$pages" --dtypes f16 --no-baseline "${reps[@]}" \
+          --csv "$work/decode-pages$pages.csv" > "$work/decode-pages$pages.txt" 2>&1 ||
+          { status=1; tail -3 "$work/decode-pages$pages.txt"; }
+      done ;;
     peers)
+      say ceilings
+      python3 bench/ceilings.py --csv "$work/ceilings.csv" || status=1
       for shape in $forward_shapes; do
         say "peers forward $shape"
         python3 bench/sdpa_peers.py --pass forward --shape "$shape" --dtypes f16 --causal no --backends flash,cudnn \

@@ -17,9 +17,9 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
     python3 tools/tables.py pages --csv docs/results/ablations/X.csv [--steps 45]
                                                # a paged cache (fa-bench --page-size N) against the contiguous one
-    python3 tools/tables.py parts --csv docs/results/X-course.csv [--part hopper] [--dtypes f32]
+    python3 tools/tables.py parts --csv docs/results/X-course.csv [Y-course.csv] [--part hopper] [--dtype f32]
                                                # the top README's tables, one a part of the course, from the
-                                               # one recorded run (bench/course_run.sh)
+                                               # one recorded run (bench/course_run.sh) of each GPU, side by side
     python3 tools/tables.py parts --check README.md    # every generated table block in README.md, re-printed
     python3 tools/tables.py parts --write README.md    # from the CSV its marker names: compare, or rewrite
 
@@ -399,37 +399,85 @@ def part_steps() -> dict:
     return out
 
 
-def part(rows, key: str, dtype: str = "f16") -> str:
-    """One part's table: its steps (each its fastest variant in each column) and its peers, non-causal, in `dtype`;
-    ms and TFLOPS (decode: TB/s) in each column, and the first column's speedup over the step before."""
+#: Page sizes whose decode rows (fa-bench --page-size N, suite decode-pagesN) a decode table shows, at its first
+#: shape, where the CSV has them.
+PART_PAGES = (16, 64, 256)
+
+
+def gpu_name(rows) -> str:
+    """The GPU of a run, short: 'H200' for 'NVIDIA H200', 'H100' for 'NVIDIA H100 80GB HBM3'."""
+    names = sorted({r["gpu"] for r in rows if r.get("gpu")})
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", names[0]) if names else None
+    return m.group(1) if m else (names[0] if names else "?")
+
+
+def _part_best(rows, key: str, dtype: str, ids: list) -> dict:
+    """(name, column) -> the fastest row of a step or peer at that column's shape; for a decode part also
+    (name, 'pagesN') at its first shape, and ('read ceiling', 'ceiling') the run's HBM read."""
     pass_, columns = PART_SHAPES[key]
-    ids = part_steps().get(key, [])
-    decode = pass_ == "decode"
-    best: dict = {}  # (name, column) -> the fastest row
+    best: dict = {}
     for r in rows:
+        if r["pass"] == "ceiling" and r["step"] == "hbm-read" and pass_ == "decode":
+            best[("read ceiling", "ceiling")] = r
         if r["pass"] != pass_ or r["dtype"] != dtype or r["causal"] != 0:
             continue
         shape = (r["batch"], r["q_len"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"])
-        name = r["step"] if r["step"] in ids else r["step"] if r["step"] in PART_PEERS[key] else None
-        for c, (_, want) in enumerate(columns):
-            if name and shape == want and ((name, c) not in best or r["ms"] < best[(name, c)]["ms"]):
+        name = r["step"] if r["step"] in ids or r["step"] in PART_PEERS[key] else None
+        if not name:
+            continue
+        if pass_ == "decode" and "-pages" in r["suite"]:  # a paged run: its own columns, at the first shape
+            where = [f"pages{r['suite'].split('-pages')[1]}"] if shape == columns[0][1] else []
+        elif pass_ == "decode" and r["suite"] != "decode":
+            where = []  # a decode row of another suite (alternating rounds): not the course run's
+        else:
+            where = [c for c in range(len(columns)) if shape == columns[c][1]]
+        for c in where:
+            if (name, c) not in best or r["ms"] < best[(name, c)]["ms"]:
                 best[(name, c)] = r
-    names = [i for i in ids if any((i, c) in best for c in range(len(columns)))]
-    names += [p for p in PART_PEERS[key] if any((p, c) in best for c in range(len(columns)))]
-    unit = "TB/s" if decode else "ms | TFLOPS"
-    head = ["step"] + [f"{title} {u}" for title, _ in columns for u in unit.split(" | ")] + ["× prev"]
+    return best
+
+
+def part(rows, key: str, dtype: str = "f16", more=()) -> str:
+    """One part's table: its steps (each its fastest variant in each column) and its peers, non-causal, in `dtype`.
+    One run (`rows`): ms and TFLOPS (decode: TB/s) in each column, and the first column's speedup over the step
+    before; a decode table adds the paged runs (pages of 16, 64, 256 at its first shape) and the run's HBM read
+    ceiling where the run has them. Several runs (`more`: the rows of other GPUs' runs): TFLOPS (TB/s) per column
+    and GPU, the GPU named in each column, the speedup over the step before from the first run."""
+    pass_, columns = PART_SHAPES[key]
+    ids = part_steps().get(key, [])
+    decode = pass_ == "decode"
+    runs = [rows] + list(more)
+    gpus = [gpu_name(r) for r in runs] if more else [""]
+    bests = [_part_best(r, key, dtype, ids) for r in runs]
+    extra = [f"pages{n}" for n in PART_PAGES if decode and any(k[1] == f"pages{n}" for b in bests for k in b)]
+    cols = list(range(len(columns))) + extra
+    title = {c: columns[c][0] for c in range(len(columns))}
+    title.update({f"pages{n}": f"{columns[0][0]} pages of {n}" for n in PART_PAGES})
+    names = [i for i in ids if any((i, c) in b for b in bests for c in cols)]
+    names += [p for p in PART_PEERS[key] if any((p, c) in b for b in bests for c in cols)]
+    ceiling = decode and any(("read ceiling", "ceiling") in b for b in bests)
+    if more:
+        unit = "TB/s" if decode else "TFLOPS"
+        pairs = [(c, g) for c in cols for g in range(len(runs)) if any(k[1] == c for k in bests[g])]
+        head = ["step"] + [f"{title[c]}, {gpus[g]} {unit}" for c, g in pairs] + [f"× prev ({gpus[0]})"]
+    else:
+        pairs = [(c, 0) for c in cols]
+        unit = "TB/s" if decode else "ms | TFLOPS"
+        head = ["step"] + [f"{title[c]} {u}" for c in cols for u in unit.split(" | ")] + ["× prev"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     previous = None
     for name in names:
-        main = best.get((name, 0))
+        main = bests[0].get((name, 0))
         peer = name not in ids
         variant = main["variant"] if main is not None and main["variant"] else ""
         cells = [(PEER_COLUMN.get(name) or plots.PEER_NAMES.get(name, name)) if peer
                  else name + (f" ({variant})" if variant else "")]
-        for c in range(len(columns)):
-            r = best.get((name, c))
+        for c, g in pairs:
+            r = bests[g].get((name, c))
             if decode:
                 cells.append(_fmt(r["gbps"] / 1000) if r is not None else "–")
+            elif more:
+                cells.append(_fmt(r["tflops"]) if r is not None else "–")
             else:
                 cells += [_fmt(r["ms"], 4), _fmt(r["tflops"])] if r is not None else ["–", "–"]
         value = (main["gbps"] if decode else 1 / main["ms"]) if main is not None else None
@@ -437,6 +485,12 @@ def part(rows, key: str, dtype: str = "f16") -> str:
         if value and not peer:
             previous = value
         lines.append("| " + " | ".join(cells) + " |")
+    if ceiling:
+        cells = ["HBM read ceiling (a sum over 2 GiB, same run)"]
+        for c, g in pairs:
+            r = bests[g].get(("read ceiling", "ceiling"))
+            cells.append(_fmt(r["gbps"] / 1000) if r is not None else "–")
+        lines.append("| " + " | ".join(cells + ["–"]) + " |")
     return "\n".join(lines)
 
 
@@ -444,8 +498,9 @@ _BLOCK = re.compile(r"(<!-- course-table (\S+) (\S+) (\S+) -->\n)(.*?)(<!-- end 
 
 
 def part_blocks(path: str, write: bool) -> int:
-    """The generated table blocks of a Markdown file, `<!-- course-table PART DTYPE CSV -->` ... `<!-- end
-    course-table -->` (CSV relative to the repository): each re-printed from its CSV; with `write` the file is
+    """The generated table blocks of a Markdown file, `<!-- course-table PART DTYPE CSV[,CSV...] -->` ... `<!-- end
+    course-table -->` (CSVs relative to the repository, one a GPU's run, the first the one whose speedups the table
+    gives): each re-printed from its CSVs; with `write` the file is
     rewritten, else every block that differs is reported. The exit status: 0 all equal (or written), 1 not."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -456,7 +511,8 @@ def part_blocks(path: str, write: bool) -> int:
         if key not in PART_SHAPES:
             problems.append(f"{path}: unknown part '{key}' (known: {', '.join(PART_SHAPES)})")
             return m.group(0)
-        table = part(plots.load([os.path.join(plots.REPO, csv_path)]), key, dtype)
+        runs = [plots.load([os.path.join(plots.REPO, p)]) for p in csv_path.split(",")]
+        table = part(runs[0], key, dtype, runs[1:])
         if m.group(5).rstrip("\n") != table:
             line = text.count("\n", 0, m.start()) + 1
             problems.append(f"{path}:{line}: the {key} table ({dtype}) is not what {csv_path} prints "
@@ -510,8 +566,8 @@ def main(argv=None) -> int:
         if args.part and args.part not in PART_SHAPES:
             parser.error(f"--part: unknown part '{args.part}', expected one of {', '.join(PART_SHAPES)}")
         keys = [args.part] if args.part else list(PART_SHAPES)
-        rows = plots.load(paths)
-        print("\n\n".join(f"{k}:\n{part(rows, k, args.dtype)}" for k in keys))
+        runs = [plots.load([p]) for p in paths]  # one course run a CSV, a GPU's; the first gives the speedups
+        print("\n\n".join(f"{k}:\n{part(runs[0], k, args.dtype, runs[1:])}" for k in keys))
         return 0
     if args.table == "backward":
         print(backward(plots.load(paths), steps, args.head_dim, args.suite))

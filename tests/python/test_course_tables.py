@@ -3,9 +3,11 @@
 
 Plain asserts, no pytest. `tools/tables.py parts --check FILE` re-prints every block of FILE between
 `<!-- course-table PART DTYPE CSV -->` and `<!-- end course-table -->` from the CSV its marker names.
-First the fixture (tests/data/course/: one table from a few rows) must pass; then a copy with one number
+First the fixture (tests/data/course/: tables from a few rows, one of them two runs side by side, one a decode table
+with a paged run and the read ceiling) must pass; then a copy with one number
 changed, one with a row dropped and one naming an unknown part must each fail; `--write` must restore the
-changed copy. Then the real README.md must pass, with a table for every part of the course, all from one CSV.
+changed copy. Then the real README.md must pass, with a table for every part of the course, all from the same
+recorded runs (one CSV a GPU).
 Last, `tables.py times` must list a row once when both a step and its variant are named, and every step of the
 suite when none is named.
 """
@@ -59,7 +61,7 @@ def main() -> int:
     missing = [k for k in tables.PART_SHAPES if k not in parts]
     assert not missing, f"README.md has no course table for the part(s) {missing}"
     csvs = {m[3] for m in markers}
-    assert len(csvs) == 1, f"README.md's course tables come from more than one CSV: {sorted(csvs)}"
+    assert len(csvs) == 1, f"README.md's course tables come from different runs: {sorted(csvs)}"
     # `times` lists a row once when a step and its variant are both named ("11,11-f32": 11 already takes in 11-f32).
     rows_csv = os.path.join(ROOT, "docs", "results", "h200-2026-11-27i-hosted-teaching.csv")
     rows = tables.plots.load([rows_csv])

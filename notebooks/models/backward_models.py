@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Models shared by the notebooks of the backward steps, notebooks/26_naive_backward.ipynb to
-37_staggered_q_walk.ipynb.
+37_staggered_q_walk.ipynb and 41_lean_backward_consumer.ipynb.
 
 Each of those notebooks goes with one step; what several of them use lives here, once:
 
@@ -29,11 +29,15 @@ import itertools
 import os
 import re
 import statistics
+import sys
 
 import numpy as np
 
 #: The repository's root: the recorded files are read relative to it.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.join(REPO, "tools") not in sys.path:
+    sys.path.append(os.path.join(REPO, "tools"))
+import plots  # noqa: E402  tools/plots.py: step_id_of, a recorded CSV's step ids as the course numbers them today
 
 
 def show(*items):
@@ -213,11 +217,13 @@ def span(table, d=None, causal=None, N=None):
 
 class Rounds:
     """One call's recorded rounds: the backward rows of suites round1 and round2 of a CSV of fa-bench's columns
-    (path relative to the repository), each configuration of each step run once per round."""
+    (path relative to the repository), each configuration of each step run once per round; the step ids are today's
+    (tools/plots.py's step_id_of), whatever the CSV's date."""
 
     def __init__(self, path):
         with open(os.path.join(REPO, path), newline="") as f:
-            self.rows = [r for r in csv.DictReader(f) if r["pass"] == "backward" and r["suite"] in ("round1", "round2")]
+            self.rows = [dict(r, step=plots.step_id_of(path, r["step"])) for r in csv.DictReader(f)
+                         if r["pass"] == "backward" and r["suite"] in ("round1", "round2")]
 
     def median(self, step, key="tflops", cfg=("f16", "4", "4096", "4096", "16", "16", "128", "0")):
         """The median of the two rounds' `key` (ms or tflops) of `step` at configuration `cfg`."""

@@ -37,6 +37,12 @@ What it checks:
 6. Agendas (tables headed `| time | min | slot | what | exercise |`): each slot starts when the one before
    ends, an exercise slot takes its spec's minutes, and the "Minutes: ..." line after the tables adds up.
 7. Every part is contiguous: its steps are one run of consecutive numbers, and the parts come in reading order.
+8. Counts of all the steps ("48 steps", "55 registered steps") are the registry's (steps, or entries with the
+   variants), unless the clause dates them ("then", "that day", "came later", a date); an index example
+   (`fa_course.steps()[10]` ... "step 11"), in prose or code, names the registry's entry at that index.
+9. Every table of measured numbers (ms, TFLOPS, TB/s, GB/s), here and in the steps' READMEs, names its run: a
+   recorded CSV or runs file of docs/results/ within 10 lines of it, so that two numbers for one step and shape from two runs
+   are each attributed. (GPU names in a clause are check 3's; tools/doctor's are tests/python/test_doctor.py's.)
 
 Prints each problem as FILE:LINE: what is wrong, and exits 1 if there is any.
 """
@@ -110,6 +116,7 @@ class Facts:
     minutes: dict  # exercise id -> minutes
     mutants: list  # of dicts: name, step, caught_by, mistake
     recorded: dict  # GPU name -> list of (relative path, set of step ids)
+    labels: list = dataclasses.field(default_factory=list)  # every registry entry's label, in order ("05-pad1")
 
     def step(self, sid: str):
         return next((s for s in self.steps if s.id == sid), None)
@@ -167,7 +174,8 @@ def steps_from_fa_run(fa_run: str, root: str) -> list:
     """Each step's facts as `fa-run --list` prints the registry: fixed-width columns step, dtypes,
     head_dims, GPU, pass, then the summary (a KV-cache step's ends in "[KV cache: ...]")."""
     out = subprocess.run([fa_run, "--list"], capture_output=True, text=True, check=True).stdout
-    dirs = {os.path.basename(d)[:2]: os.path.basename(d) for d in glob.glob(os.path.join(root, "steps", "[0-9][0-9]_*"))}
+    dirs = {os.path.basename(d)[:2]: os.path.basename(d) for d in glob.glob(os.path.join(root, "steps", "[0-9][0-9]_*"))
+            if os.path.isfile(os.path.join(d, "CMakeLists.txt"))}  # a step's folder, not one a renumbering emptied
     steps = []
     for line in out.splitlines():
         label = line[:14].strip()
@@ -185,8 +193,29 @@ def steps_from_fa_run(fa_run: str, root: str) -> list:
     return steps
 
 
+def labels_from_registry(root: str) -> list:
+    """Every registry entry's label in the registry's order ("01", ..., "05-pad1", ...), read from registry.cpp."""
+    with open(os.path.join(root, "common", "fa", "registry.cpp"), encoding="utf-8") as f:
+        text = f.read()
+    body = text[text.index("all_steps()"):]
+    return [sid + (f"-{variant}" if variant else "") for sid, variant in re.findall(r'\{"(\d\d)", "([^"]*)",', body)]
+
+
+def labels_from_fa_run(fa_run: str) -> list:
+    """Every registry entry's label as `fa-run --list` prints them, in order."""
+    out = subprocess.run([fa_run, "--list"], capture_output=True, text=True, check=True).stdout
+    return [line[:14].strip() for line in out.splitlines() if re.match(r"^\d\d(-\S+)?\s", line[:15])]
+
+
 def read_facts(root: str, fa_run: str | None, problems: list) -> Facts:
     steps = steps_from_sources(root)
+    labels = labels_from_registry(root)
+    if fa_run:
+        listed_labels = labels_from_fa_run(fa_run)
+        if listed_labels != labels:
+            problems.append(f"tools/check_prose.py: registry.cpp lists {len(labels)} entries, fa-run --list "
+                            f"{len(listed_labels)}: {sorted(set(labels) ^ set(listed_labels))}")
+        labels = listed_labels
     if fa_run:
         listed = steps_from_fa_run(fa_run, root)
         if [dataclasses.astuple(s) for s in listed] != [dataclasses.astuple(s) for s in steps]:
@@ -217,7 +246,7 @@ def read_facts(root: str, fa_run: str | None, problems: list) -> Facts:
                     if re.match(r"^\d\d$", row.get("step") or ""):
                         ids.add(plots.step_id_of(path, row["step"]))
             recorded.setdefault(gpu, []).append((os.path.relpath(path, root), ids))
-    return Facts(steps, minutes, mutants, recorded)
+    return Facts(steps, minutes, mutants, recorded, labels)
 
 
 # ---------------------------------------------------------------- generated blocks
@@ -340,6 +369,23 @@ COUNTS = [  # (pattern with one number, what it must equal, what that is)
 ]
 
 
+#: "48 steps", "55 registered steps", "54 steps and variants", "every step (54 entries)": counts of all the steps.
+ALL_STEPS = re.compile(r"\b(\d[\d,]*|[a-z]+(?:-[a-z]+)?) (?:registered |course )?(?:steps|entries|labels)"
+                       r"(?: and variants)?\b")
+#: Words that date a count ("then", "that day", "came later"): a count true on a past day, said so.
+DATED = re.compile(r"\bthen\b|\bthat day\b|\bcame later\b|\bat the time\b|\b20\d\d-\d\d-\d\d\b|\bbefore the renumbering\b")
+#: "every forward and backward step (13,440 cases)": a claim about every step with a count that depends on them.
+EVERY_STEP = re.compile(r"\bevery (?:[\w-]+ ){0,4}?steps?\b")
+CASES = re.compile(r"\b\d[\d,]* cases\b")
+#: Steps of something else: training steps of a model ("trained for 600 steps", "the last 100 steps' loss").
+TRAINING = re.compile(r"\btrain|\bloss\b|\blearn|\boptimi[sz]", re.I)
+#: `fa_course.steps()[N]` and the label the text gives it (in backticks or quotes, or "step NN").
+INDEXED = re.compile(r"steps\(\)\[(\d+)\][^\n]{0,100}?(?:\bstep (\d\d(?:-\w+)?)\b|[`'\"](\d\d(?:-\w+)?)[`'\"])")
+#: A table of measured numbers: a header cell in one of these units.
+MEASURED = re.compile(r"(?:^|[\s(|])(?:ms|TFLOPS|TB/s|GB/s)(?:$|[\s)|])")
+#: Where a table's numbers come from: a recorded file of docs/results/ (a CSV, a runs file), or a generated block.
+SOURCE = re.compile(r"(?:docs/)?results/[\w./-]*\.(?:csv|txt)|course-table")
+
 SHOWN = None  # --show: the claims checked
 
 
@@ -420,6 +466,22 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
     for m in re.finditer(r"(?:…|\.\.\.)\s*`?(?:step|steps? )(\d{2})", text):
         if m.group(1) != facts.last:
             problems.append(f"{where(m.start())}: \"… step{m.group(1)}\" names step {m.group(1)} as the last; the last is {facts.last}")
+    # "48 steps", "every step (55 labels)": a count larger than any part's is a count of all the steps (or of every
+    # registry entry, variants included), unless its clause dates it ("then", "that day", "came later", a date).
+    biggest_part = max(len(steps) for _, _, steps in facts.parts())
+    for clause in re.finditer(r"(?:[^.;]|\.(?!\s|$))+", text):
+        if DATED.search(clause.group(0)) or TRAINING.search(clause.group(0)):
+            continue
+        for m in ALL_STEPS.finditer(clause.group(0)):
+            n = number(m.group(1))
+            if n is not None and n > biggest_part and n not in (len(facts.steps), len(facts.labels)):
+                problems.append(f"{where(clause.start() + m.start())}: \"{m.group(0)}\": the registry has "
+                                f"{len(facts.steps)} steps, {len(facts.labels)} entries with the variants (or say when "
+                                "the count was true: \"then\", a date)")
+        if EVERY_STEP.search(clause.group(0)) and CASES.search(clause.group(0)) and not DATED.search(clause.group(0)):
+            problems.append(f"{where(clause.start())}: \"{EVERY_STEP.search(clause.group(0)).group(0)} ... "
+                            f"{CASES.search(clause.group(0)).group(0)}\": a count of cases for every step goes stale as "
+                            "steps are added: say which steps, or when (\"then\", a date)")
     harness = sum(m["caught_by"] == "harness" for m in facts.mutants)
     probes = sum(m["caught_by"] == "zero-tiles" for m in facts.mutants)
     truth = {"harness": harness, "steps": len(facts.steps), "minutes": sum(facts.minutes.values()),
@@ -543,6 +605,34 @@ def check_agendas(lines: list, path: str, facts: Facts, problems: list) -> None:
         i += 1
 
 
+def check_indexed(text: str, rel: str, facts: Facts, problems: list) -> None:
+    """`fa_course.steps()[N]` (code included) names the registry's N-th entry, as `fa-run --list` orders them."""
+    for m in INDEXED.finditer(text):
+        n, said = int(m.group(1)), m.group(2) or m.group(3)
+        actual = facts.labels[n] if n < len(facts.labels) else None
+        if actual != said:
+            problems.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: steps()[{n}] is given as {said}; the "
+                            f"registry's entry {n} is {actual or 'past the last'} (look a step up by its label instead)")
+
+
+def check_tables_name_their_run(text: str, rel: str, problems: list) -> None:
+    """Every table of measured numbers (a header in ms, TFLOPS, TB/s or GB/s) names its run: a recorded CSV or runs
+    file of docs/results/ within the 10 lines above it or the 10 below it (a generated course table names its CSV in
+    its marker). Two numbers for one step and shape from two runs are then each attributed."""
+    lines = text.split("\n")
+    k = 0
+    while k < len(lines):
+        if lines[k].startswith("|") and k + 1 < len(lines) and re.match(r"^\|[-:| ]+\|$", lines[k + 1].strip()):
+            start = k
+            while k < len(lines) and lines[k].startswith("|"):
+                k += 1
+            if MEASURED.search(lines[start]) and not SOURCE.search("\n".join(lines[max(0, start - 10):start] + lines[k:k + 10])):
+                problems.append(f"{rel}:{start + 1}: a table of measured numbers that names no run: link the recorded "
+                                "CSV or runs file of docs/results/ it comes from (and its GPU) next to it")
+            continue
+        k += 1
+
+
 def check_file(path: str, root: str, facts: Facts, problems: list, write: bool) -> None:
     rel = os.path.relpath(path, root).replace(os.sep, "/")
     with open(path, encoding="utf-8") as f:
@@ -564,6 +654,8 @@ def check_file(path: str, root: str, facts: Facts, problems: list, write: bool) 
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"{rel}: generated blocks rewritten")
+    check_indexed(text, rel, facts, problems)
+    check_tables_name_their_run(text, rel, problems)
     # The prose: code fences and generated blocks blanked, line for line.
     lines, blank, in_code = text.splitlines(), [], False
     for line in lines:
@@ -627,11 +719,15 @@ def main(argv=None) -> int:
     files = sorted({p for pattern in PROSE for p in glob.glob(os.path.join(args.root, pattern))})
     for path in files:
         check_file(path, args.root, facts, problems, args.write)
+    steps_readmes = sorted(glob.glob(os.path.join(args.root, "steps", "[0-9][0-9]_*", "README.md")))
+    for path in steps_readmes:  # the steps' READMEs: their tables name their runs (the claims are checked above)
+        with open(path, encoding="utf-8") as f:
+            check_tables_name_their_run(f.read(), os.path.relpath(path, args.root).replace(os.sep, "/"), problems)
     for line in SHOWN or []:
         print("checked", line)
     for p in problems:
         print(p)
-    print(f"{len(files)} Markdown files against {len(facts.steps)} steps "
+    print(f"{len(files)} Markdown files and {len(steps_readmes)} step READMEs against {len(facts.steps)} steps "
           f"({'fa-run --list' if args.fa_run else 'read from steps/'}), {len(facts.mutants)} mutants, "
           f"{len(facts.minutes)} exercises: {len(problems)} problem(s)")
     return 1 if problems else 0

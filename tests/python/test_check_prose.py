@@ -8,10 +8,12 @@ built fa-run is given (ctest passes it) and from the step sources otherwise. The
 checker reads (the step sources, exercise specs, mutants, recorded CSVs and the prose), one wrong claim at a
 time is written into the prose: a range of steps with the wrong GPU, a step table's wrong GPU cell, wrong
 dtypes, a count one off, a step past the last, the wrong last step, an edited generated block, an agenda slot
-that starts late, a mutant missing from its table, a step table that stops inside a part (also one that stops
-before the second run of a part in two runs: the backward's 46). The checker must name each one and exit 1, and
-pass again once it is undone (the generated block by --write). With fa-run, a step source that disagrees with the
-built registry must be reported too.
+that starts late, a mutant missing from its table, a step table that stops inside a part, a count of all the steps
+that is no longer true ("48 steps"), a count of cases for "every step" that says not when, an index example
+(`fa_course.steps()[10]`) that names another entry, a table of measured numbers that names no run (in the prose and
+in a step's README), and a part that is not contiguous (a step folder renumbered out of its part). The checker must
+name each one and exit 1, and pass again once it is undone (the generated block by --write); a count that says when
+it was true passes. With fa-run, a step source that disagrees with the built registry must be reported too.
 """
 import glob
 import os
@@ -25,12 +27,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 CHECKER = os.path.join(ROOT, "tools", "check_prose.py")
 FA_RUN = sys.argv[1] if len(sys.argv) > 1 else None
-COPIED = ["README.md", "docs/*.md", "notebooks/README.md", "exercises/README.md", "steps/*/*.cu",
+COPIED = ["README.md", "docs/*.md", "notebooks/README.md", "exercises/README.md", "steps/*/*.cu", "steps/*/README.md",
+          "steps/*/CMakeLists.txt",
+          "common/fa/registry.cpp",
           "exercises/*/exercise.spec", "tests/mutants/*.mutant", "docs/results/*.csv"]
 
 
-def run(root, *args):
-    cmd = [sys.executable, CHECKER, "--root", root, *args] + (["--fa-run", FA_RUN] if FA_RUN else [])
+def run(root, *args, fa_run=FA_RUN):
+    cmd = [sys.executable, CHECKER, "--root", root, *args] + (["--fa-run", fa_run] if fa_run else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     return done.returncode, done.stdout + done.stderr
 
@@ -68,7 +72,7 @@ with tempfile.TemporaryDirectory() as tree:
           r'README\.md:\d+: "steps 20-25 \.\.\. sm_80", but the registry has 20: sm_90a')
     wrong("README.md", r"(steps 01-08 run on any GPU,\s+steps 09-18 need )sm_80", r"\1sm_90",
           r'"steps 09-18 \.\.\. sm_90", but the registry has 09: sm_80')
-    wrong("exercises/README.md", r"(Exercises 42-46 are decode \()sm_80 or newer", r"\1sm_90 exactly",
+    wrong("exercises/README.md", r"(Exercises 42-46 are decode\s+\()sm_80 or newer", r"\1sm_90 exactly",
           r'exercises/README\.md:\d+: "exercises 42-46 \.\.\. sm_90 exactly"')
     wrong("docs/instructors.md", r"(\| \[29 vector atomics\][^\n]*\| )sm_90 or newer \|", r"\1sm_80 or newer |",
           r"step 29's GPU is given as \"sm_80 or newer\"; the registry has sm_90")
@@ -90,9 +94,38 @@ with tempfile.TemporaryDirectory() as tree:
           r"starts at 11:45, but the slot before starts at 11:15 and takes 20 min")
     wrong("docs/instructors.md", r"\n\| `gqa_modulo` \|[^\n]*", "",
           r"the table has no row for the mutant gqa_modulo")
-    wrong("docs/mainpage.md", r"\n\| \[45 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 42-45")
-    # A part in two runs (the backward: 26-40, then 46): its table must reach the second.
-    wrong("README.md", r"\n\| \[46 [^\n]*", "", r"README\.md:\d+: the table lists steps 26-40; a part runs .*26-40, 46")
+    wrong("docs/mainpage.md", r"\n\| \[46 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 42-45")
+    wrong("README.md", r"\n\| \[41 [^\n]*", "", r"README\.md:\d+: the table lists steps 26-40; a part runs .*26-41")
+    # Counts of all the steps, and of cases for every step: true today or dated.
+    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe Python module lists 48 steps.\n",
+          r'README\.md:\d+: "48 steps": the registry has 46 steps, \d+ entries with the variants')
+    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe shape matrix passed for every forward step (9,000 cases).\n",
+          r'README\.md:\d+: "every forward step \.\.\. 9,000 cases": a count of cases for every step goes stale')
+    # An index example, in code too, names the registry's entry at that index.
+    wrong("docs/python.md", r"(```python\n)", r"\1fa_course.steps()[10]   # what step 11 is\n",
+          r"docs/python\.md:\d+: steps\(\)\[10\] is given as 11; the registry's entry 10 is 06-br32")
+    # A table of measured numbers names its run, in the prose and in a step's README.
+    wrong("README.md", r"(## How to read a step\n)", r"\1\n| step | ms |\n|---|---:|\n| 01 | 120.7 |\n",
+          r"README\.md:\d+: a table of measured numbers that names no run")
+    wrong("steps/01_naive/README.md", r"\A", "| step | TFLOPS |\n|---|---:|\n| 01 | 0.07 |\n\n" + "text\n" * 12,
+          r"steps/01_naive/README\.md:1: a table of measured numbers that names no run")
+    # A count that says when it was true is not a claim about today.
+    with open(readme := os.path.join(tree, "README.md"), encoding="utf-8") as f:
+        original = f.read()
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(original.replace("## How to read a step\n", "## How to read a step\n\nThe module then listed 48 steps, "
+                                 "and on 2026-11-27 the matrix passed for every step (13,440 cases).\n", 1))
+    code, out = run(tree)
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(original)
+    assert code == 0, f"dated counts must pass:\n{out}"
+    # Every part contiguous: the lean backward consumer numbered after the decode steps, as it was before 2026-11-28
+    # (read from the sources: the built fa-run's registry is the real one).
+    os.rename(os.path.join(tree, "steps", "41_lean_backward_consumer"), os.path.join(tree, "steps", "47_lean_backward_consumer"))
+    code, out = run(tree, fa_run=None)
+    os.rename(os.path.join(tree, "steps", "47_lean_backward_consumer"), os.path.join(tree, "steps", "41_lean_backward_consumer"))
+    assert code == 1 and "the part 'The backward pass' is not contiguous (26-40, 47)" in out \
+        and "step 47 (backward) comes after step 46 (decode)" in out, out
 
     # --write puts an edited generated block back.
     readme = os.path.join(tree, "README.md")

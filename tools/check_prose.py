@@ -38,8 +38,10 @@ What it checks:
    ends, an exercise slot takes its spec's minutes, and the "Minutes: ..." line after the tables adds up.
 7. Every part is contiguous: its steps are one run of consecutive numbers, and the parts come in reading order.
 8. Counts of all the steps ("48 steps", "55 registered steps") are the registry's (steps, or entries with the
-   variants), unless the clause dates them ("then", "that day", "came later", a date); an index example
-   (`fa_course.steps()[10]` ... "step 11"), in prose or code, names the registry's entry at that index.
+   variants), unless the clause dates them ("then", "that day", "came later", a date); so is a count of cases
+   for "every step"; an index example (`fa_course.steps()[10]` ... "step 11"), in prose or code, names the
+   registry's entry at that index; a range of ctest names ("`step26/…` to `step41/…`") spans a part; "every step
+   is a single .cu file" holds only while no step has two.
 9. Every table of measured numbers (ms, TFLOPS, TB/s, GB/s), here and in the steps' READMEs, names its run: a
    recorded CSV or runs file of docs/results/ within 10 lines of it, so that two numbers for one step and shape from two runs
    are each attributed. (GPU names in a clause are check 3's; tools/doctor's are tests/python/test_doctor.py's.)
@@ -387,6 +389,7 @@ MEASURED = re.compile(r"(?:^|[\s(|])(?:ms|TFLOPS|TB/s|GB/s)(?:$|[\s)|])")
 SOURCE = re.compile(r"(?:docs/)?results/[\w./-]*\.(?:csv|txt)|course-table")
 
 SHOWN = None  # --show: the claims checked
+ROOT_FOR_FILES = ["."]  # the tree checked (main sets it): check_claims looks at a step's files
 
 
 def arch_of(text: str):
@@ -463,6 +466,18 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
                 if wrong:
                     problems.append(f"{where(base + start)}: \"{kind.lower()} {span(ids)} ... {dtypes.group(0)}\", but the "
                                     "registry has " + ", ".join(f"{s.id}: {', '.join(s.dtypes)}" for s in wrong))
+    # "`step26/…` to `step41/…`": a range of ctest names spans a part, first step to last.
+    for m in re.finditer(r"`?step(\d\d)/…`?\s+to\s+`?step(\d\d)/…", text):
+        spans = {(steps[0].id, steps[-1].id): name for _, name, steps in facts.parts() if steps}
+        if (m.group(1), m.group(2)) not in spans:
+            problems.append(f"{where(m.start())}: \"step{m.group(1)}/… to step{m.group(2)}/…\" is not a part's steps; the parts run "
+                            + "; ".join(f"{a}-{b}" for a, b in spans))
+    # "every step is a single .cu file": true only while no step folder holds a second kernel file.
+    for m in re.finditer(r"\b(?:every|each) step(?:'s lesson)? is (?:a single|one) `?\.cu`? file", text, re.I):
+        several = [s.dir for s in facts.steps if len(glob.glob(os.path.join(ROOT_FOR_FILES[0], "steps", s.dir, "*.cu"))) > 1]
+        if several:
+            problems.append(f"{where(m.start())}: \"{m.group(0)}\": steps {', '.join(d[:2] for d in several)} have "
+                            "more than one .cu file")
     for m in re.finditer(r"(?:…|\.\.\.)\s*`?(?:step|steps? )(\d{2})", text):
         if m.group(1) != facts.last:
             problems.append(f"{where(m.start())}: \"… step{m.group(1)}\" names step {m.group(1)} as the last; the last is {facts.last}")
@@ -714,6 +729,7 @@ def main(argv=None) -> int:
     global SHOWN
     SHOWN = [] if args.show else None
     problems: list[str] = []
+    ROOT_FOR_FILES[0] = args.root
     facts = read_facts(args.root, args.fa_run, problems)
     check_parts_contiguous(facts, problems)
     files = sorted({p for pattern in PROSE for p in glob.glob(os.path.join(args.root, pattern))})

@@ -101,6 +101,11 @@ with tempfile.TemporaryDirectory() as tree:
           r'README\.md:\d+: "48 steps": the registry has 46 steps, \d+ entries with the variants')
     wrong("README.md", r"(## How to read a step\n)", r"\1\nThe shape matrix passed for every forward step (9,000 cases).\n",
           r'README\.md:\d+: "every forward step \.\.\. 9,000 cases": a count of cases for every step goes stale')
+    # A range of ctest names that is not a part's; a claim that every step is one .cu file.
+    wrong("README.md", r"`step26/…` to `step41/…`", "`step26/…` to `step40/…`",
+          r'README\.md:\d+: "step26/… to step40/…" is not a part\'s steps')
+    wrong("README.md", r"(## How to read a step\n)", r"\1\nEvery step is a single `.cu` file.\n",
+          r'README\.md:\d+: "Every step is a single \.cu file": steps 02, 11 have more than one \.cu file')
     # An index example, in code too, names the registry's entry at that index.
     wrong("docs/python.md", r"(```python\n)", r"\1fa_course.steps()[10]   # what step 11 is\n",
           r"docs/python\.md:\d+: steps\(\)\[10\] is given as 11; the registry's entry 10 is 06-br32")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tools/doctor says of every step the GPU the registry says, and checks every optional piece the README names.
+"""tools/doctor says of every step the GPU the registry says, and checks every optional piece the README names;
+tools/exercise list keeps its columns.
 
     python3 tests/python/test_doctor.py build/bench/fa-run
 
@@ -35,4 +36,9 @@ columns = {len(name) + len(pad) for name, pad, _ in rows}
 assert len(columns) == 1, f"the doctor's 'needs' column moves with the step's name: at {sorted(columns)}"
 for piece in ("nanobind", "torch", "cuobjdump", "Catch2", "compute-sanitizer"):
     assert re.search(rf"^  (ok|optional|MISSING) +{piece}\b", out, re.M), f"the doctor does not check {piece}:\n{out}"
+# tools/exercise list: one column for the minutes, whatever the length of the exercise's folder name.
+listing = subprocess.run(["bash", os.path.join(ROOT, "tools", "exercise"), "list"], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+ends = {len(m.group(1)) for m in (re.match(r"^(\S+ +\d+)  ", line) for line in listing[1:]) if m}
+assert len(listing) > 40 and len(ends) == 1, f"tools/exercise list's minutes column moves: ends at {sorted(ends)}"
 print(f"tools/doctor: {len(rows)} steps, each with fa-run --list's GPU, in one column; nanobind, torch, cuobjdump checked")

@@ -21,7 +21,7 @@ the sentence's end, must agree token for token; past it the model begins a sente
 choice can rest on a near-tie, so there the first difference is reported with the top two logits' gap.
 
     PYTHONPATH=build/python python3 python/examples/gpt.py --out DIR [--steps 600] [--forward 25]
-        [--backward 40] [--decode 45]
+        [--backward 40] [--decode 46]
 
 Writes DIR/loss.csv (step, loss of each run), DIR/generation.txt (the texts, whether they agree token for token,
 the curves' distances and the tokens a second); exits 1 unless the curves are within the noise and every pair of

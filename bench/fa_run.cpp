@@ -241,6 +241,8 @@ int run(int argc, char** argv) {
         throw std::invalid_argument("the K pool " + shape_text(k_pool) + " and the V pool " + shape_text(v_pool) +
                                     " must have the same shape");
       p.page_size = int(k_pool.shape[1]), p.pages = int(k_pool.shape[0]);
+      // The lengths first: the table's entries past a sequence's length are never read (a server's unused slots).
+      if (args.has("kv-lens")) p.kv_lens = kv_lens_from(args.get("kv-lens", ""));
       validate(p);
       inputs.k = from_pages(p, k_pool, table.values), inputs.v = from_pages(p, v_pool, table.values);
     }

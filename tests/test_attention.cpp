@@ -4,9 +4,11 @@
 // numerics (wide logits, +1000 on every score, exact answers, long sequences).
 // The output is poisoned with NaN before each launch and every element must be
 // overwritten; every row is checked on its own as well as the whole output.
-// Further cases: determinism and locality, a batch beyond the grid's 65535, and
-// step 07's point (higher-precision accumulation).
+// Further cases: determinism and locality, a batch beyond the grid's 65535,
+// step 07's point (higher-precision accumulation), and the decode steps' checks
+// of the cache's values on the GPU.
 #include "fa/compare.hpp"
+#include "fa/cuda_check.hpp"
 #include "fa/registry.hpp"
 #include "gpu.hpp"
 #include "harness.hpp"
@@ -15,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <set>
 
 using namespace fa;
@@ -242,4 +245,61 @@ TEST_CASE("the backward stays right on inputs that stress the numerics", "[gpu][
   }
   const Planned p = GENERATE_COPY(from_range(cases));
   check_case(p.c, p.only_without_64, Pass::backward);
+}
+
+TEST_CASE("a decode step refuses a bad length or page entry on the GPU, records it, and reads nothing outside",
+          "[gpu][cache-values]") {
+  // The lengths and the page table are values on the GPU that no host check sees (a server's bookkeeping writes
+  // them there). Written there wrong, a decode step must not read outside the cache (it reads such a length as 0
+  // keys and such a page as page 0) and must record the value in cache_status, in validate()'s words; entries of
+  // the table past a sequence's length are never read, may hold anything, and are no fault.
+  FA_REQUIRE_GPU();
+  for (const StepInfo* step : under_test()) {
+    if (!step->cache_forms.kv_lens || !test::runs_here(*step)) continue;
+    for (const bool paged : {false, true}) {
+      if (paged && !step->cache_forms.paged) continue;
+      test::Case c{"cache values", {}, test::InputKind::uniform};
+      AttentionProblem& p = c.problem;
+      p.batch = 3, p.q_len = 1, p.kv_len = 512, p.q_heads = 8, p.kv_heads = 2, p.head_dim = 64;
+      p.dtype = step->dtypes.front(), p.kv_lens = {512, 100, 300};
+      if (paged) p.page_size = 16, p.pages = 3 * 32 + 5;
+      INFO("step " << step->label() << ", " << p.describe());
+      const test::Prepared prepared = test::prepare(c, fresh_seed());
+      DeviceAttention device(p, prepared.inputs, step->workspace_for(p));
+      auto run = [&] {
+        device.cache_status.upload(std::array<int, 4>{}.data(), 4 * sizeof(int));
+        device.poison_outputs();
+        step->launch(p, device.tensors(), nullptr);
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        return device.cache_fault();
+      };
+      auto set = [](DeviceBuffer& buffer, std::size_t index, int value) {
+        FA_CUDA_CHECK(cudaMemcpy(buffer.as<int>() + index, &value, sizeof(int), cudaMemcpyHostToDevice));
+      };
+      for (const int bad : {513, -1, 1 << 30}) {
+        set(device.kv_lens, 1, bad);
+        CHECK(run() == kv_len_fault(1, bad, p.kv_len));
+      }
+      set(device.kv_lens, 1, 100);
+      if (paged) {
+        // Sequence 2's 300 keys reach pages 0 .. 18 of its 32: page 5 out of the pool, then page 18.
+        const std::size_t row = 2 * 32;
+        std::vector<int> table(3 * 32);
+        device.page_table.download(table.data(), table.size() * sizeof(int));
+        for (const auto& [page, bad] : {std::pair{5, p.pages + 1000}, std::pair{18, -2}}) {
+          set(device.page_table, row + page, bad);
+          CHECK(run() == page_fault(2, page, bad, p.pages));
+          set(device.page_table, row + page, table[row + page]);
+        }
+        // Past each length: anything.
+        for (int b = 0; b < 3; ++b)
+          for (int page = (p.kv_lens[std::size_t(b)] + 15) / 16; page < 32; ++page)
+            set(device.page_table, std::size_t(b) * 32 + page, page % 2 ? -1 : 0x7fffffff);
+      }
+      CHECK(run().empty());
+      const Verdict verdict = judge(device.download_o(p), prepared.expected, p.head_dim, prepared.max_abs_score);
+      INFO(verdict.describe());
+      CHECK(verdict.passed());
+    }
+  }
 }

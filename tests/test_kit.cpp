@@ -99,6 +99,29 @@ TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit
   CHECK_THROWS_WITH(fa1.launch(p, AttentionTensors{}, nullptr), Contains("tensor Q is missing"));
 }
 
+TEST_CASE("a workspace or a cache status record at an address not 16-byte aligned is refused before launch",
+          "[cpu][kit]") {
+  // Every step that takes a workspace: its partial results and counters are read in 16-byte vectors, so a
+  // caller's buffer at an odd address would fault on the GPU ("misaligned address") and lose the context.
+  void* somewhere = reinterpret_cast<void*>(std::uintptr_t(1) << 20);  // never dereferenced: it refuses first
+  void* odd = reinterpret_cast<void*>((std::uintptr_t(1) << 21) + 8);
+  int checked = 0;
+  for (const StepInfo& step : all_steps()) {
+    if (!step.workspace_bytes || step.pass != Pass::forward) continue;
+    AttentionProblem p;
+    p.head_dim = step.head_dims.front(), p.dtype = step.dtypes.front();
+    INFO("step " << step.label());
+    AttentionTensors t{somewhere, somewhere, somewhere, somewhere, odd};
+    CHECK_THROWS_WITH(step.launch(p, t, nullptr),
+                      Contains("tensor address = 0x200008 (workspace) is not supported") &&
+                          Contains("16-byte aligned workspace"));
+    t.workspace = somewhere, t.cache_status = static_cast<int*>(odd);
+    CHECK_THROWS_WITH(step.launch(p, t, nullptr), Contains("(cache_status)"));
+    ++checked;
+  }
+  CHECK(checked >= 6);  // step 03, step 25 and the decode steps at least
+}
+
 TEST_CASE("a tensor map refuses a head_dim or box its copies cannot cover, naming what it takes", "[cpu][kit]") {
   // A box row is 128 bytes: 64 columns of a 16-bit type, 32 floats (step 39's float dQ). The refusals come before
   // the driver is asked for the map, so no pointer is needed.

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 using namespace fa;
 using Catch::Matchers::Contains;
@@ -126,6 +128,34 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
     p.page_size = 64, p.pages = 4;
     CHECK_NOTHROW(validate(p));
     CHECK(p.pages_per_sequence() == 2);
+  }
+  SECTION("a page table: every page a length reaches is in the pool; entries past a length may hold anything") {
+    p.page_size = 32, p.pages = 9, p.kv_lens = {5, 128, 0};  // 4 pages a sequence: pages 1, 4 and 0 reached
+    std::vector<int> table = {3, -1, 99, 7, 0, 1, 2, 8, -5, 12345, -1, 4};
+    CHECK_NOTHROW(validate_page_table(p, table));
+    table[6] = 9;  // sequence 1's page 2: its 128 keys reach it
+    CHECK_THROWS_WITH(validate_page_table(p, table),
+                      Contains("page_table[1][2] = 9 is outside the pool's pages 0 .. 8"));
+    table[6] = 2, table[0] = -3;  // sequence 0's 5 keys are in page 0
+    CHECK_THROWS_WITH(validate_page_table(p, table), Contains("page_table[0][0] = -3"));
+    table.pop_back();
+    CHECK_THROWS_WITH(validate_page_table(p, table), Contains("the page table has 11 entries"));
+  }
+  SECTION("a decode step's fault record reads as the host's refusal of the same value, in the same words") {
+    p.kv_lens = {5, 129, 0};
+    std::string host;
+    try {
+      validate(p);
+    } catch (const InvalidProblem& e) {
+      host = e.what();
+    }
+    const int length[4] = {1 * 4 + int(CacheFault::length), 0, 129, 128};
+    CHECK(cache_fault_message(length) == host);
+    const int page[4] = {2 * 4 + int(CacheFault::page), 3, -7, 64};
+    CHECK(cache_fault_message(page) == page_fault(2, 3, -7, 64));
+    CHECK_THAT(cache_fault_message(page), Contains("page_table[2][3] = -7 is outside the pool's pages 0 .. 63"));
+    const int none[4] = {0, 0, 0, 0};
+    CHECK(cache_fault_message(none).empty());
   }
   SECTION("bottom-right alignment needs the causal mask") {
     p.causal_align = CausalAlign::bottom_right;

@@ -103,17 +103,15 @@ std::vector<int> shuffled_page_table(const AttentionProblem& p, std::uint64_t se
 }
 
 namespace {
-/// Copies key rows between a contiguous K/V tensor and a page pool, one page-table entry at a time.
+/// Copies key rows between a contiguous K/V tensor and a page pool, one page-table entry at a time: the pages each
+/// sequence's length reaches (validate_page_table checks their entries); the others are never read.
 void copy_pages(const AttentionProblem& p, const std::vector<int>& table, const HostTensor& from, HostTensor& to,
                 bool into_pool) {
-  if (std::int64_t(table.size()) != std::int64_t(p.batch) * p.pages_per_sequence())
-    throw InvalidProblem("page table has " + std::to_string(table.size()) + " entries; " + p.describe() +
-                         " needs batch * kv_len / page_size");
+  validate_page_table(p, table);
   const std::size_t page_bytes = std::size_t(p.page_size) * p.kv_heads * p.head_dim * size_of(p.dtype);
   for (std::size_t n = 0; n < table.size(); ++n) {  // logical page n: sequence n / pages_per_sequence
-    if (table[n] < 0 || table[n] >= p.pages)
-      throw InvalidProblem("page table entry " + std::to_string(n) + " = " + std::to_string(table[n]) +
-                           " is outside the pool's pages 0 .. " + std::to_string(p.pages - 1));
+    const int b = int(n / std::size_t(p.pages_per_sequence())), i = int(n % std::size_t(p.pages_per_sequence()));
+    if (std::int64_t(i) * p.page_size >= p.kv_len_of(b)) continue;  // past the sequence's length
     const std::size_t logical = n * page_bytes, physical = std::size_t(table[n]) * page_bytes;
     if (into_pool) std::memcpy(to.bytes.data() + physical, from.bytes.data() + logical, page_bytes);
     else std::memcpy(to.bytes.data() + logical, from.bytes.data() + physical, page_bytes);
@@ -135,6 +133,7 @@ HostTensor from_pages(const AttentionProblem& p, const HostTensor& pool, const s
     throw InvalidProblem("from_pages: the pool is not [pages, page_size, kv_heads, head_dim] in the dtype of " +
                          p.describe());
   HostTensor kv(p.dtype, kv_shape(p));
+  for (std::int64_t i = 0; i < kv.numel(); ++i) kv.set(i, NAN);  // the pages past each length: never read
   copy_pages(p, table, pool, kv, false);
   return kv;
 }

@@ -142,6 +142,19 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
   if (needs_workspace && !t.workspace)
     throw InvalidProblem(std::string(step) +
                          ": needs a workspace of the size its registry entry's workspace_bytes() gives; got none");
+  // The workspace and the cache's status record are read and written in 16-byte vectors (partial O, a fault
+  // record), whatever the step's inputs: a caller's buffer at an odd address would fault on the GPU.
+  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"workspace", t.workspace},
+                                      {"cache_status", t.cache_status}}) {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    if (address % kWorkspaceAlignment != 0) {
+      std::ostringstream value;
+      value << "0x" << std::hex << address << " (" << name << ")";
+      throw_unsupported(step, "tensor address", value.str(),
+                        std::to_string(kWorkspaceAlignment) + "-byte aligned " + name +
+                            " (cudaMalloc and PyTorch's allocator give 256-byte aligned memory)");
+    }
+  }
 }
 
 void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t) {

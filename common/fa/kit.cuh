@@ -161,20 +161,46 @@ Grads<T, D> grads(const AttentionProblem& p, const AttentionTensors& t) {
 
 /// A KV cache's forms as a decode kernel reads them (problem.hpp): each sequence's length, its page table, and
 /// where the causal mask's diagonal sits. Passed by value beside Heads.
+///
+/// The lengths and the table are values on the GPU that the host never reads (a serving loop cannot wait for them):
+/// len() and page() check each value as they read it. A length outside 0 .. kv_len reads as 0 keys and a page entry
+/// outside the pool as page 0, so a caller's bad value never makes a kernel read outside the cache; the value is
+/// recorded in `status` (AttentionTensors::cache_status), which the caller reads after the call.
 struct Cache {
   const int* kv_lens;     ///< int32 [batch]: each sequence's keys; nullptr: every sequence has kv_len
   const int* page_table;  ///< int32 [batch, kv_len / page_size]: each sequence's pages; nullptr: contiguous
   int kv_len;             ///< the cache's capacity per sequence
   int page_size;          ///< tokens per page (0: K and V contiguous)
+  int pages;              ///< pages in the pool (paged)
   bool bottom_right;      ///< with the causal mask: aligned to each sequence's end
+  int* status;            ///< int32[4]: the record of a refused value (CacheFault), or nullptr
 
-  /// Keys of sequence b.
-  __device__ int len(int b) const { return kv_lens ? kv_lens[b] : kv_len; }
+  /// Keys of sequence b (0 for a length outside 0 .. kv_len, recorded).
+  __device__ int len(int b) const {
+    if (!kv_lens) return kv_len;
+    const int n = kv_lens[b];
+    if (unsigned(n) <= unsigned(kv_len)) return n;
+    refuse(CacheFault::length, b, 0, n, kv_len);
+    return 0;
+  }
+  /// The pool page of page i of sequence b, whose length is len: page_table[b][i], or page 0 for an entry outside
+  /// the pool (recorded when the length reaches page i; an entry past it is never a key's and may hold anything).
+  __device__ int page(int b, int i, int len) const {
+    const int entry = page_table[std::int64_t(b) * (kv_len / page_size) + i];
+    if (unsigned(entry) < unsigned(pages)) return entry;
+    if (i * page_size < len) refuse(CacheFault::page, b, i, entry, pages);
+    return 0;
+  }
+  /// Records a refused value: {b x 4 + kind, index, value, limit} in one 16-byte store.
+  __device__ void refuse(CacheFault kind, int b, int index, int value, int limit) const {
+    if (status) *reinterpret_cast<int4*>(status) = make_int4(b * 4 + int(kind), index, value, limit);
+  }
 };
 
 /// The cache view of problem p on tensors t.
 inline Cache cache(const AttentionProblem& p, const AttentionTensors& t) {
-  return {t.kv_lens, t.page_table, p.kv_len, p.page_size, p.causal && p.causal_align == CausalAlign::bottom_right};
+  return {t.kv_lens, t.page_table, p.kv_len, p.page_size, p.pages,
+          p.causal && p.causal_align == CausalAlign::bottom_right, t.cache_status};
 }
 
 /// a / b rounded up: how many tiles of b cover a.

@@ -16,8 +16,11 @@ namespace fa::kit {
 /// Throws InvalidProblem naming the step, p's dtype or head_dim that `supported` does not list, and
 /// what it lists.
 [[noreturn]] void refuse_unsupported(const char* step, const AttentionProblem& p, const Launcher& supported);
+/// The alignment of a workspace and of a cache status record, whatever the step (16-byte vectors).
+inline constexpr unsigned kWorkspaceAlignment = 16;
 /// Throws InvalidProblem unless every tensor the pass uses is set and `alignment`-byte aligned and,
-/// when `needs_workspace`, t.workspace is set. LSE is optional in the forward, required in the backward.
+/// when `needs_workspace`, t.workspace is set; a workspace and a cache status record, when set, must be
+/// kWorkspaceAlignment-byte aligned. LSE is optional in the forward, required in the backward.
 void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace,
                    Pass pass = Pass::forward);
 /// Throws InvalidProblem unless the device copies the KV-cache forms p uses are set: t.kv_lens with

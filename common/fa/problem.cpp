@@ -85,10 +85,7 @@ void validate(const AttentionProblem& p) {
       throw InvalidProblem("attention problem: kv_lens has " + std::to_string(p.kv_lens.size()) +
                            " entries; batch = " + std::to_string(p.batch) + " needs one per sequence");
     for (std::size_t b = 0; b < p.kv_lens.size(); ++b)
-      if (p.kv_lens[b] < 0 || p.kv_lens[b] > p.kv_len)
-        throw InvalidProblem("attention problem: kv_lens[" + std::to_string(b) + "] = " +
-                             std::to_string(p.kv_lens[b]) + " is outside 0 .. kv_len = " + std::to_string(p.kv_len) +
-                             " (kv_len is the cache's capacity per sequence)");
+      if (p.kv_lens[b] < 0 || p.kv_lens[b] > p.kv_len) throw InvalidProblem(kv_len_fault(int(b), p.kv_lens[b], p.kv_len));
   }
   if (p.page_size < 0)
     throw InvalidProblem("attention problem: page_size = " + std::to_string(p.page_size) +
@@ -120,6 +117,42 @@ void validate(const AttentionProblem& p) {
     throw InvalidProblem("attention problem: one sequence of K/V has kv_len * kv_heads * head_dim = " +
                          std::to_string(kv_sequence) + " elements; at most 2^31-1 are supported " +
                          "(steps index within a sequence with 32-bit offsets; the batch may be any size)");
+}
+
+std::string kv_len_fault(int sequence, int value, int kv_len) {
+  return "attention problem: kv_lens[" + std::to_string(sequence) + "] = " + std::to_string(value) +
+         " is outside 0 .. kv_len = " + std::to_string(kv_len) + " (kv_len is the cache's capacity per sequence)";
+}
+
+std::string page_fault(int sequence, int index, int value, int pages) {
+  return "attention problem: page_table[" + std::to_string(sequence) + "][" + std::to_string(index) + "] = " +
+         std::to_string(value) + " is outside the pool's pages 0 .. " + std::to_string(pages - 1) +
+         " (sequence " + std::to_string(sequence) + "'s length reaches that page, so it must be in the pool)";
+}
+
+std::string cache_fault_message(const int record[4]) {
+  const int sequence = record[0] / 4;
+  switch (static_cast<CacheFault>(record[0] % 4)) {
+    case CacheFault::none: return "";
+    case CacheFault::length: return kv_len_fault(sequence, record[2], record[3]);
+    case CacheFault::page: return page_fault(sequence, record[1], record[2], record[3]);
+  }
+  return "attention problem: an unknown cache fault record {" + std::to_string(record[0]) + ", " +
+         std::to_string(record[1]) + ", " + std::to_string(record[2]) + ", " + std::to_string(record[3]) + "}";
+}
+
+void validate_page_table(const AttentionProblem& p, const std::vector<int>& table) {
+  if (std::int64_t(table.size()) != std::int64_t(p.batch) * p.pages_per_sequence())
+    throw InvalidProblem("attention problem: the page table has " + std::to_string(table.size()) + " entries; " +
+                         p.describe() + " needs batch x kv_len / page_size = " +
+                         std::to_string(std::int64_t(p.batch) * p.pages_per_sequence()));
+  for (int b = 0; b < p.batch; ++b) {
+    const int reached = (p.kv_len_of(b) + p.page_size - 1) / p.page_size;  // pages holding the sequence's keys
+    for (int i = 0; i < reached; ++i) {
+      const int entry = table[std::size_t(b) * p.pages_per_sequence() + i];
+      if (entry < 0 || entry >= p.pages) throw InvalidProblem(page_fault(b, i, entry, p.pages));
+    }
+  }
 }
 
 bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes) {

@@ -179,6 +179,33 @@ struct AttentionTensors {
   void* dv = nullptr;          ///< dV, shaped like V: written by a backward step (summed over a KV head's group)
   const int* kv_lens = nullptr;     ///< int32 [batch]: the device copy of AttentionProblem::kv_lens, when set
   const int* page_table = nullptr;  ///< int32 [batch, kv_len / page_size]: each sequence's pages, when paged
+  /// int32[4], 16-byte aligned, in memory the GPU writes (device memory, or mapped pinned host memory that the host
+  /// reads without a sync): where a decode step records a value of kv_lens or page_table it refused (CacheFault).
+  /// The values live on the GPU, so the kernel checks them: a length outside 0 .. kv_len reads as 0 keys, a page
+  /// entry outside the pool (of a page the sequence's length reaches) as page 0, so nothing outside the cache is
+  /// ever read. nullptr: the same guards, nothing recorded.
+  int* cache_status = nullptr;
 };
+
+/// What a decode step writes into AttentionTensors::cache_status when it refuses a value, in one 16-byte store
+/// (the last writer wins; a record is never a mix of two): {sequence * 4 + kind, index, value, limit}.
+enum class CacheFault : int {
+  none = 0,    ///< the record is all zero: nothing refused
+  length = 1,  ///< kv_lens[sequence] = value is outside 0 .. limit (the capacity, kv_len)
+  page = 2,    ///< page_table[sequence][index] = value is outside the pool's pages 0 .. limit - 1
+};
+
+/// The message of a length outside 0 .. kv_len: the one text validate() (host values), fa-run, the Python module
+/// and the harness (a record a kernel wrote) give.
+std::string kv_len_fault(int sequence, int value, int kv_len);
+/// The message of a page-table entry outside the pool's pages 0 .. pages - 1, of a page sequence's length reaches.
+std::string page_fault(int sequence, int index, int value, int pages);
+/// The message of a cache_status record ("": no fault).
+std::string cache_fault_message(const int record[4]);
+
+/// Throws InvalidProblem (page_fault's words) for the first entry of `table` (int32 [batch, kv_len / page_size])
+/// that a sequence's length reaches and that lies outside the pool. Entries past a sequence's length are never read
+/// and may hold anything (a server's unused slots). Throws when the table has not batch x kv_len / page_size entries.
+void validate_page_table(const AttentionProblem& p, const std::vector<int>& table);
 
 }  // namespace fa

@@ -371,6 +371,7 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
       o(std::size_t(p.q_elements()) * size_of(p.dtype)),
       lse(std::size_t(p.lse_elements()) * sizeof(float)),
       workspace(workspace_bytes),
+      cache_status(4 * sizeof(int)),
       backward_(backward != nullptr) {
   auto check = [&](const HostTensor& t, const char* name, const std::vector<std::int64_t>& shape,
                    DType dtype) {
@@ -426,6 +427,7 @@ AttentionTensors DeviceAttention::tensors() const {
   t.lse = static_cast<float*>(lse.get());
   t.kv_lens = static_cast<const int*>(kv_lens.get());
   t.page_table = static_cast<const int*>(page_table.get());
+  t.cache_status = cache_status.as<int>();
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
   return t;
 }
@@ -448,6 +450,12 @@ Gradients DeviceAttention::download_gradients(const AttentionProblem& p) const {
   dk.download(g.dk.bytes.data(), g.dk.byte_size());
   dv.download(g.dv.bytes.data(), g.dv.byte_size());
   return g;
+}
+
+std::string DeviceAttention::cache_fault() const {
+  int record[4];
+  cache_status.download(record, sizeof(record));
+  return cache_fault_message(record);
 }
 
 namespace {

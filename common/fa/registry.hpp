@@ -121,6 +121,7 @@ struct DeviceAttention {
   DeviceBuffer dv;         ///< dV (backward only), poisoned
   DeviceBuffer kv_lens;    ///< the problem's per-sequence lengths, int32 [batch] (when it has them)
   DeviceBuffer page_table; ///< a paged problem's page table, int32 [batch, kv_len / page_size]
+  DeviceBuffer cache_status;  ///< int32[4], zero: where a decode step records a refused length or page entry
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
   /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
   /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
@@ -136,6 +137,8 @@ struct DeviceAttention {
   HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len]
   /// dQ, dK and dV as the backward left them.
   Gradients download_gradients(const AttentionProblem& p) const;
+  /// The message of the value a decode step refused (cache_fault_message), "" when it refused none.
+  std::string cache_fault() const;
 
  private:
   bool backward_ = false;

@@ -101,6 +101,28 @@ assert refusal(fa_course.forward, "44", q[:, :1], pool, pool, out[:, :1], page_t
 assert refusal(fa_course.forward, "45", q[:, :1], pool, pool, out[:, :1], page_table=table[:1]).startswith(
     "page_table: a paged call takes the page table int32 [B, pages per sequence] with Q's batch")
 
+# Values of the cache: fa-run refuses a length past the capacity or a page entry outside the pool, a page a length
+# reaches, in the words of fa::kv_len_fault and fa::page_fault, the words the module raises when a decode kernel
+# records the same value on the GPU (python/tests/decode_values.py); an entry past a length is never read.
+def fa_run_paged(table, lens) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as folder:
+        files = {name: os.path.join(folder, name + ".npy") for name in ("q", "k", "v", "page_table")}
+        np.save(files["q"], np.zeros((2, 1, 4, 64), f16))
+        np.save(files["k"], pool), np.save(files["v"], pool), np.save(files["page_table"], table)
+        return subprocess.run([FA_RUN, "--step", "45", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                               "--page-table", files["page_table"], "--kv-lens", lens,
+                               "--out", os.path.join(folder, "o.npy")], capture_output=True, text=True)
+
+
+bad_page = fa_run_paged(np.array([[2, 0], [1, 9]], np.int32), "8,5")
+assert bad_page.returncode == 1 and ("attention problem: page_table[1][1] = 9 is outside the pool's pages 0 .. 3 "
+                                     "(sequence 1's length reaches that page") in bad_page.stderr, bad_page.stderr
+unread = fa_run_paged(np.array([[2, 0], [1, -1]], np.int32), "8,4")  # sequence 1's 4 keys: its page 1 unread
+assert "page_table" not in unread.stderr and "no CUDA device" in unread.stderr or unread.returncode == 0, unread.stderr
+long = fa_run_paged(np.array([[2, 0], [1, 3]], np.int32), "8,9")
+assert long.returncode == 1 and ("attention problem: kv_lens[1] = 9 is outside 0 .. kv_len = 8 (kv_len is the "
+                                 "cache's capacity per sequence)") in long.stderr, long.stderr
+
 # Where the tensors live: host memory is refused by name, before anything runs.
 message = refusal(fa_course.forward, "11", q, k, v, out)
 assert message.startswith("q: the tensor is not in CUDA device memory"), message

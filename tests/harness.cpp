@@ -4,6 +4,7 @@
 #include "reference.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -66,7 +67,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // over per-sequence lengths, a paged cache with its pages in a shuffled order, lengths no page or tile divides,
   // and q_len > 1 new tokens under the bottom-right causal mask, one sequence shorter than them (its first rows
   // see no key: O = 0, LSE = -inf).
-  auto cache = [&](const char* name, AttentionProblem p, std::vector<int> lens, int page_size, bool speculative) {
+  auto cache = [&](const std::string& name, AttentionProblem p, std::vector<int> lens, int page_size, bool speculative,
+                   InputKind kind = InputKind::uniform) {
     if (max_len > 0 && (p.q_len > max_len || p.kv_len > max_len)) return;
     p.kv_lens = std::move(lens);
     if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size) + 3;  // 3 never used
@@ -74,7 +76,7 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     p.causal_align = speculative ? CausalAlign::bottom_right : CausalAlign::top_left;
     for (DType dtype : dtypes) {
       p.dtype = dtype;
-      out.push_back({name, p, InputKind::uniform});
+      out.push_back({name, p, kind});
     }
   };
   cache("decode: per-sequence lengths, one a single key, GQA 32/8", problem(4, 1, 300, 32, 8, d0), {300, 1, 77, 255},
@@ -89,6 +91,35 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   cache("decode: MQA 16/1, per-sequence lengths", problem(3, 1, 700, 16, 1, d0), {700, 3, 350}, 0, false);
   cache("speculative: 3 new tokens, bottom-right causal, contiguous, one sequence of 2 keys",
         problem(3, 3, 500, 8, 2, d0), {500, 2, 129}, 0, true);
+  // Every count of new tokens a decode step takes (kMaxQueries = 8), without the mask and bottom-right: a kernel
+  // chosen by the count of rows (1, 2, 4, 8 at a time) meets each of its choices, and with one query head a KV head
+  // (4/4) the rows are the tokens alone. One sequence has n / 2 keys (none for one token): rows that see nothing.
+  for (int n = 1; n <= 8; ++n) {
+    for (bool masked : {false, true}) {
+      const std::string what = std::to_string(n) + (n == 1 ? " new token" : " new tokens") +
+                               (masked ? ", bottom-right causal" : ", no mask");
+      cache("decode: " + what + ", MHA 4/4, per-sequence lengths", problem(3, n, 300, 4, 4, d0), {300, n / 2, 77}, 0,
+            masked);
+      cache("decode: " + what + ", GQA 8/2, paged (16)", problem(2, n, 320, 8, 2, d0), {320, 129}, 16, masked);
+    }
+  }
+  // Sequences of no keys among long ones: every split of theirs is empty, and the long ones need several splits
+  // (contiguous and paged).
+  cache("decode: zero-length sequences among long ones (several splits)", problem(4, 1, 20000, 8, 2, d0),
+        {20000, 0, 9000, 0}, 0, false);
+  cache("decode: zero-length sequences among long ones, paged (64)", problem(4, 1, 20480, 8, 2, d0),
+        {0, 20480, 0, 9001}, 64, false);
+  // Pages shorter than a lane group's walk step and of sizes no power of two (1, 4, 12, 48), over enough keys that
+  // several splits run, each starting mid-page.
+  for (int page : {1, 4, 12, 48})
+    cache("decode: pages of " + std::to_string(page) + ", splits starting mid-page", problem(2, 1, 4800, 8, 2, d0),
+          {4800, 1237}, page, false);
+  // Every score about -1000 (the LSE too): a running maximum that starts at 0 instead of -inf underflows every
+  // weight to 0. Contiguous and paged, over several splits.
+  cache("decode: -1000 on every score, over several splits", problem(3, 1, 5000, 8, 2, d0), {5000, 3001, 1}, 0, false,
+        InputKind::offset_minus_1000);
+  cache("decode: -1000 on every score, 4 new tokens, bottom-right, paged (16)", problem(2, 4, 2048, 8, 2, d0),
+        {2048, 700}, 16, true, InputKind::offset_minus_1000);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
@@ -120,19 +151,17 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
   stress("logits of standard deviation 30", problem(2, 300, 300, 4, 2, d), InputKind::wide_30);
   stress("+1000 on every score of a row (softmax is shift-invariant)", problem(2, 200, 203, 4, 2, d),
          InputKind::offset_1000);
-  // The same shift downward, for the backward only. Its LSE is about -1000, so P = exp(S - LSE), recomputed for a
+  // The same shift downward. Its LSE is about -1000: a running maximum that starts at 0 instead of -inf (the
+  // forward's, decode's) underflows every weight to 0. In the backward, P = exp(S - LSE), recomputed for a
   // key past kv_len that a kernel forgets to mask (its K row is zero: S = 0), overflows to inf, and inf times that
   // key's zero K row is NaN in dQ. While the LSE of every row that can reach past kv_len is above about -11, as in
   // every other case (a CPU test checks it), that P and its dS = -P D stay finite even packed to f16 (65504), reach
-  // dQ only through the zero K row, and the gradients stay right: no other case sees the mistake. The forward's cases see it already (an unmasked key's score 0
-  // weighs about as much as the others'), so the forward leaves this one out.
+  // dQ only through the zero K row, and the gradients stay right: no other case sees the mistake.
   // 410 query rows over 203 keys, so that with the (top-left) causal mask too rows reach past kv_len, and whole Q
   // tiles (rows 256 and on) lie past the last K tile of every size up to 128: a kernel that trusts the causal
   // diagonal to mask the tail tile fails here too, not only one that forgets kv_len altogether.
-  const std::size_t before_backward_only = out.size();
   stress("-1000 on every score of a row, over a kv_len no tile divides", problem(2, 410, 203, 4, 2, d),
          InputKind::offset_minus_1000);
-  for (std::size_t i = before_backward_only; i < out.size(); ++i) out[i].backward_only = true;
   stress("scale = 0: the mean of V's visible rows", problem(2, 100, 131, 4, 2, d, 0), InputKind::zero_scale);
   stress("one key dominates: its V row is the output", problem(2, 100, 131, 4, 2, d), InputKind::dominant_key);
   // At every other head_dim, wide logits (the max grows often: rescales) and a long key sequence (it
@@ -152,6 +181,8 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
   stress("decode: logits of standard deviation 30 over 5000 keys", problem(3, 1, 5000, 8, 2, d), InputKind::wide_30,
          false);
   stress("decode: one key of 3000 dominates", problem(2, 1, 3000, 4, 2, d), InputKind::dominant_key, false);
+  stress("decode: -1000 on every score, over 5000 keys", problem(3, 1, 5000, 8, 2, d), InputKind::offset_minus_1000,
+         false);
   for (std::size_t i = before_decode; i < out.size(); ++i) out[i].forward_only = true;
   for (DType dtype : dtypes) {  // the causal square, once per dtype
     AttentionProblem p = problem(1, 4099, 4099, 2, 1, d);
@@ -165,7 +196,7 @@ std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vect
                                Pass pass) {
   std::vector<Case> cases = shape_cases(dtypes, head_dims, max_len);
   for (const Case& c : stress_cases(dtypes, head_dims, max_len))
-    if (pass == Pass::backward ? !(c.kind == InputKind::dominant_key || c.forward_only) : !c.backward_only)
+    if (pass == Pass::forward || !(c.kind == InputKind::dominant_key || c.forward_only))
       cases.push_back(c);
   return cases;
 }
@@ -211,6 +242,14 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
           in.k.set(at(p, b, 0, p.kv_len, p.kv_heads, kvh, c2), 16 * u);
         }
   }
+
+  // K and V rows past each sequence's length are NaN: a kernel must never read them (problem.hpp), and one that
+  // loads them and weighs them by P = 0 gives 0 x NaN = NaN. (A paged upload also leaves every page past a length,
+  // and every unused page, NaN.)
+  if (!p.kv_lens.empty())
+    for (int b = 0; b < p.batch; ++b)
+      for (std::int64_t e = at(p, b, p.kv_len_of(b), p.kv_len, p.kv_heads, 0, 0); e < at(p, b + 1, 0, p.kv_len, p.kv_heads, 0, 0); ++e)
+        in.k.set(e, NAN), in.v.set(e, NAN);
 
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
   prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score, &prep.expected_lse);
@@ -290,6 +329,8 @@ Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared) 
       step.launch(p, device.tensors(), nullptr);
       FA_CUDA_CHECK(cudaDeviceSynchronize());
       verdict = judge_call(step, p, device, prepared);
+      if (const std::string fault = device.cache_fault(); verdict.passed() && !fault.empty())
+        verdict.failed = "refused a valid value of the cache: " + fault;  // a right kernel refuses none
       if (call == 1 && !verdict.passed()) verdict.failed = kSecondCall + verdict.failed;
     }
     return verdict;

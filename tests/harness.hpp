@@ -31,9 +31,6 @@ struct Case {
   /// Graded on the forward only: a decode case of inputs that stress the numerics (inference has no backward,
   /// and one query row's dK over wide logits is about 0 in most rows: no relative bound measures it).
   bool forward_only = false;
-  /// Graded on the backward only: a case whose lesson is the backward's (see stress_cases); the forward's own
-  /// cases already catch what it would.
-  bool backward_only = false;
   /// "name: B=.. Nq=.. ... f16 causal", for messages and tables.
   std::string describe() const;
 };
@@ -41,7 +38,9 @@ struct Case {
 /// The shape table: lengths 1, 7, 100 and 1000, lengths no tile size divides, q_len != kv_len both
 /// ways, GQA 8/2 and MQA 8/1, a custom scale, a negative scale, batch 3, a few query rows over many keys,
 /// and the KV cache's forms (per-sequence lengths, pages, bottom-right causal: run by the steps that take
-/// them); at head_dim 64 (or, when `head_dims` lacks 64, its first), and three shapes and two of the cache's
+/// them; every count of new tokens 1 .. 8 with and without the mask, sequences of no keys beside long ones, pages
+/// of 1, 4, 12 and 48 keys, every score about -1000; K and V rows past each sequence's length are NaN, prepare());
+/// at head_dim 64 (or, when `head_dims` lacks 64, its first), and three shapes and two of the cache's
 /// at every other head_dim in `head_dims`; each for every dtype in `dtypes`, causal off and on. Shapes longer
 /// than max_len (> 0) are left out (sanitizer runs).
 std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
@@ -49,8 +48,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
 /// Inputs that stress the numerics, at one head_dim (64 where the step takes it): logits of standard
 /// deviation 10 and 30, +1000 on every score, scale = 0, one dominant key, kv_len = 16411 and decode
 /// (q_len = 1) over it, decode over 5000 keys with logits of standard deviation 30 and over 3000 keys with
-/// one dominant key, and a causal 4099 x 4099; for the backward only, -1000 on every score over a kv_len no tile
-/// divides; at every other head_dim in `head_dims`, logits of standard
+/// one dominant key, -1000 on every score over a kv_len no tile divides and (decode) over 5000 keys, and a causal
+/// 4099 x 4099; at every other head_dim in `head_dims`, logits of standard
 /// deviation 10, kv_len = 4099 and decode over 16411 keys; each for every dtype in `dtypes`.
 /// Top-left causal masking leaves every row at least key 0, so no row is fully masked.
 std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len = 0);
@@ -58,7 +57,7 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
 /// The shape table, then the stress cases: every case a step of `pass` is graded on. The backward
 /// leaves out the dominant key, whose gradients (dQ, dK) are zero to within e^-40 and so smaller than
 /// any rounding of O in D_i = dO_i . O_i: a relative bound has nothing to measure there; and the cases
-/// marked forward_only. The forward leaves out the cases marked backward_only.
+/// marked forward_only. The forward takes every case.
 std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len,
                                Pass pass);
 

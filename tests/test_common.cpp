@@ -101,6 +101,24 @@ TEST_CASE("compare catches NaN, small and large errors", "[cpu][compare]") {
   CHECK_THROWS(compare(random_tensor(DType::f32, {3}, 1), std::vector<double>(4)));
 }
 
+TEST_CASE("the LSE of a row that sees no key is -inf, wherever the row is: only -inf passes", "[cpu][compare]") {
+  // A sequence of no keys last in the batch puts -inf in the last rows (a row-by-row check once took its NaN
+  // error for the worst row only when that row came last).
+  for (const std::size_t empty : {std::size_t(0), std::size_t(3), std::size_t(5)}) {
+    INFO("row " << empty << " sees no key");
+    std::vector<double> ref = {-1.5, 2.0, 7.25, 0.5, 3.0, 1.0};
+    ref[empty] = -INFINITY;
+    HostTensor out(DType::f32, {6});
+    for (std::size_t i = 0; i < ref.size(); ++i) out.set(std::int64_t(i), ref[i]);
+    CHECK(judge_lse(out, ref, 4.0).passed());
+    out.set(std::int64_t(empty), 0.0);  // a finite LSE where no key was seen
+    CHECK_FALSE(judge_lse(out, ref, 4.0).passed());
+    out.set(std::int64_t(empty), -INFINITY);
+    out.set(std::int64_t((empty + 1) % ref.size()), -INFINITY);  // -inf where a key was seen
+    CHECK_FALSE(judge_lse(out, ref, 4.0).passed());
+  }
+}
+
 TEST_CASE("random tensors are seeded, in range and rounded to their dtype", "[cpu][tensor]") {
   const HostTensor a = random_tensor(DType::f32, {1000}, 42), b = random_tensor(DType::f32, {1000}, 42),
                    c = random_tensor(DType::f32, {1000}, 43);

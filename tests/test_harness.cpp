@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 using namespace fa;
 
@@ -51,9 +52,8 @@ TEST_CASE("+1000 on every score of a row does not move the softmax", "[cpu][harn
   CHECK(worst < 1e-9);
 }
 
-TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded on the backward only", "[cpu][harness]") {
+TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded on every pass", "[cpu][harness]") {
   const test::Case c = stress_case(test::InputKind::offset_minus_1000);
-  CHECK(c.backward_only);
   // kv_len past a whole tile of every size the steps use: the case's lesson is the tail tile's mask.
   for (int tile : {16, 32, 64, 128, 176, 192}) CHECK(c.problem.kv_len % tile != 0);
   // With the causal mask as well: a whole Q tile of 128 rows starts past the last K tile of 128 keys, so the mask
@@ -63,10 +63,73 @@ TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded 
   double highest = -INFINITY;
   for (double lse : prep.expected_lse) highest = std::max(highest, lse);
   CHECK(highest < -900);  // 2^(-LSE log2 e) overflows float: an unmasked key's P is inf
+  // Graded on the backward, the forward and decode (q_len = 1, contiguous and with the cache's forms).
   for (Pass pass : {Pass::forward, Pass::backward}) {
-    bool graded = false;
-    for (const test::Case& g : test::graded_cases({DType::f32}, {64}, 0, pass)) graded |= g.kind == c.kind;
-    CHECK(graded == (pass == Pass::backward));
+    bool graded = false, decode = false, cache = false;
+    for (const test::Case& g : test::graded_cases({DType::f32}, {64}, 0, pass)) {
+      if (g.kind != c.kind) continue;
+      graded = true;
+      decode |= g.problem.q_len == 1;
+      cache |= g.problem.q_len == 1 && !g.problem.kv_lens.empty();
+    }
+    CHECK(graded);
+    if (pass == Pass::forward) {  // the backward steps take no decode problem
+      CHECK(decode);
+      CHECK(cache);
+    }
+  }
+}
+
+TEST_CASE("the decode cases: every count of new tokens, empty sequences, short pages, NaN past every length",
+          "[cpu][harness]") {
+  const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64, 128}, 0, Pass::forward);
+  // Every count of new tokens 1 .. 8 with the cache's forms, with one query head a KV head (rows = tokens) and with
+  // GQA, contiguous and paged, without the mask and bottom-right.
+  for (int n = 1; n <= 8; ++n)
+    for (bool masked : {false, true}) {
+      bool mha = false, paged = false;
+      for (const test::Case& c : cases) {
+        const AttentionProblem& p = c.problem;
+        if (p.q_len != n || p.kv_lens.empty() || p.causal != masked) continue;
+        if (masked) CHECK(p.causal_align == CausalAlign::bottom_right);
+        mha |= p.q_heads == p.kv_heads && !p.paged();
+        paged |= p.paged() && p.q_heads > p.kv_heads;
+      }
+      INFO(n << " new tokens" << (masked ? ", masked" : ""));
+      CHECK(mha);
+      CHECK(paged);
+    }
+  // A sequence of no keys beside one long enough for several splits (256 keys a split at least), contiguous and
+  // paged; pages of 1, 4, 12 and 48 keys.
+  bool empty_contiguous = false, empty_paged = false;
+  std::set<int> page_sizes;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (p.kv_lens.empty()) continue;
+    const int longest = *std::max_element(p.kv_lens.begin(), p.kv_lens.end());
+    const bool has_empty = std::find(p.kv_lens.begin(), p.kv_lens.end(), 0) != p.kv_lens.end();
+    if (has_empty && longest >= 8 * 256) (p.paged() ? empty_paged : empty_contiguous) = true;
+    if (p.paged()) page_sizes.insert(p.page_size);
+  }
+  CHECK(empty_contiguous);
+  CHECK(empty_paged);
+  for (int size : {1, 4, 12, 48}) CHECK(page_sizes.count(size) == 1);
+  // Every K and V row past a sequence's length is NaN, and only those.
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (p.kv_lens.empty() || p.kv_len > 1000) continue;
+    INFO(c.describe());
+    const test::Prepared prep = test::prepare(c, 19);
+    const std::int64_t row = std::int64_t(p.kv_heads) * p.head_dim;
+    std::int64_t wrong = 0;
+    for (int b = 0; b < p.batch; ++b)
+      for (int j = 0; j < p.kv_len; ++j)
+        for (std::int64_t e = 0; e < row; ++e) {
+          const std::int64_t at = (std::int64_t(b) * p.kv_len + j) * row + e;
+          const bool past = j >= p.kv_len_of(b);
+          wrong += std::isnan(prep.inputs.k.get(at)) != past || std::isnan(prep.inputs.v.get(at)) != past;
+        }
+    CHECK(wrong == 0);
   }
 }
 

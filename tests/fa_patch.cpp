@@ -21,7 +21,16 @@
 //                                             of a hole's solution or of a redacted text
 //
 // A mutant spec is a few "key: value" lines (step, export, caught-by, mistake), then pairs of blocks
-// "--- find" / "--- replace", each block the exact lines to find and what replaces them. An exercise
+// "--- find" / "--- replace", each block the exact lines to find and what replaces them. An optional line
+//   lag: warpgroup=N at=SITE[+SITE...] ns=NS        (or warp=N)
+// builds the mutant with a schedule perturbation (common/fa/lag.cuh): role N of every block, threads
+// threadIdx.x / 128 == N (warpgroup) or threadIdx.x / 32 == N (warp), spins NS nanoseconds at each SITE of
+// the barrier helpers: before-arrive, before-wait, after-wait, or here (the FA_LAG(FA_LAG_HERE) calls the
+// mutant's own replacement lines add, at a barrier that is a plain __syncthreads). fa-patch writes it as
+// FA_LAG_* macro definitions at the top of the generated file; without the line the file has none, and the
+// helpers compile to what the steps do. A spec with a lag line may have no blocks (the step unchanged: a
+// lag probe, caught-by: lag-probe, which must pass the harness). Lines of other keys (e.g. "why: ...",
+// the reason a lag makes a race show) are notes and ignored. An exercise
 // spec has "key: value" lines (step, export, title, minutes), then per hole a block
 // "--- hole N: <hint>" (the step's exact lesson lines) and a block "--- stub" (what the skeleton has).
 // Where a comment outside a hole states the hole's answer, a block "--- redact: <why>" (the step's exact
@@ -52,7 +61,7 @@ std::string read_file(const fs::path& path) {
 /// Writes `text` to `path` unless the file already holds exactly that (keeps the build incremental).
 void write_file(const fs::path& path, const std::string& text) {
   if (fs::exists(path) && read_file(path) == text) return;
-  fs::create_directories(path.parent_path());
+  if (path.has_parent_path()) fs::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary);
   out << text;
   if (!out) throw std::runtime_error(path.string() + ": cannot write");
@@ -90,7 +99,7 @@ std::size_t hole_count(const std::vector<Edit>& edits) {
   return n;
 }
 
-Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) {
+Spec parse_spec(const fs::path& path, const std::vector<const char*>& required, bool blocks_optional = false) {
   Spec spec;
   spec.name = path.stem().string();
   std::istringstream in(read_file(path));
@@ -118,12 +127,55 @@ Spec parse_spec(const fs::path& path, const std::vector<const char*>& required) 
   }
   for (const char* key : required)
     if (!spec.fields.count(key)) throw std::runtime_error(path.string() + ": no '" + key + ":' line");
-  if (spec.edits.empty()) throw std::runtime_error(path.string() + ": no '--- find' or '--- hole' block");
+  if (spec.edits.empty() && !blocks_optional)
+    throw std::runtime_error(path.string() + ": no '--- find' or '--- hole' block");
   return spec;
 }
 
+/// The FA_LAG_* definitions (common/fa/lag.cuh) of a spec's "lag: warpgroup=N at=SITE[+SITE] ns=NS" line.
+std::string lag_macros(const std::string& line, const std::string& where) {
+  const std::map<std::string, std::string> sites = {{"before-arrive", "FA_LAG_BEFORE_ARRIVE"},
+                                                    {"before-wait", "FA_LAG_BEFORE_WAIT"},
+                                                    {"after-wait", "FA_LAG_AFTER_WAIT"},
+                                                    {"here", "FA_LAG_HERE"}};
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error(where + ": lag: " + why + " (expected 'lag: warpgroup=N at=SITE[+SITE] ns=NS' or "
+                              "warp=N; SITE before-arrive, before-wait, after-wait or here)");
+  };
+  auto number = [&](const std::string& text) {
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + text + "' is not a count");
+    return text;
+  };
+  std::string threads, role, at, ns;
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    const auto eq = word.find('=');
+    const std::string key = word.substr(0, eq), value = eq == std::string::npos ? "" : word.substr(eq + 1);
+    if (key == "warpgroup" || key == "warp") {
+      if (!threads.empty()) throw bad("one role only");
+      threads = key == "warp" ? "32" : "128", role = number(value);
+    } else if (key == "at") {
+      std::istringstream list(value);
+      for (std::string site; std::getline(list, site, '+');) {
+        if (!sites.count(site)) throw bad("no site '" + site + "'");
+        at += (at.empty() ? "" : " | ") + sites.at(site);
+      }
+    } else if (key == "ns") {
+      ns = number(value);
+    } else {
+      throw bad("unknown '" + word + "'");
+    }
+  }
+  if (threads.empty() || at.empty() || ns.empty()) throw bad("needs a role, at= and ns=");
+  return "// lag: " + line + "\n#define FA_LAG_ROLE_THREADS " + threads + "\n#define FA_LAG_ROLE " + role +
+         "\n#define FA_LAG_SITES (" + at + ")\n#define FA_LAG_NS " + ns + "\n";
+}
+
 Spec parse_mutant(const fs::path& path) {
-  Spec spec = parse_spec(path, {"step", "export", "caught-by", "mistake"});
+  Spec spec = parse_spec(path, {"step", "export", "caught-by", "mistake"}, /*blocks_optional=*/true);
+  if (spec.fields.count("lag")) lag_macros(spec.fields.at("lag"), path.string());  // checked here, used below
+  else if (spec.edits.empty()) throw std::runtime_error(path.string() + ": no '--- find' block (only a spec with a "
+                                                        "'lag:' line, a lag probe, may leave the step unchanged)");
   for (const Edit& e : spec.edits)
     if (e.redact) throw std::runtime_error(path.string() + ": a mutant has no '--- redact' blocks");
   return spec;
@@ -163,8 +215,13 @@ int make_mutant(const fs::path& spec_path, const fs::path& steps_dir, const fs::
   const std::string ns = "namespace fa::step" + step_id(spec);
   replace_once(text, ns + " {", ns + "::mutant_" + spec.name + " {", what);
   replace_once(text, "}  // " + ns + "\n", "}  // " + ns + "::mutant_" + spec.name + "\n", what);
+  const bool probe = spec.fields.at("caught-by") == "lag-probe";
+  const std::string lag = spec.fields.count("lag") ? lag_macros(spec.fields.at("lag"), what) : "";
   write_file(out, "// Generated by fa-patch from " + spec_path.filename().string() + " and steps/" +
-                      spec.fields.at("step") + ": a deliberately wrong kernel. Do not edit.\n" + text);
+                      spec.fields.at("step") +
+                      (probe ? ": the step with one role made late, which must still pass. Do not edit.\n"
+                             : ": a deliberately wrong kernel. Do not edit.\n") +
+                      lag + text);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "09_tensor_cores/mma.cuh"
+#include "fa/lag.cuh"  // FA_LAG: nothing, except in the mutation suite's lag builds
 
 #include <cstdint>
 
@@ -25,7 +26,9 @@ __device__ __forceinline__ void cp_async_commit() {
 /// Waits until at most `Pending` of this thread's committed groups are in flight.
 template <int Pending>
 __device__ __forceinline__ void cp_async_wait() {
+  FA_LAG(FA_LAG_BEFORE_WAIT);
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+  FA_LAG(FA_LAG_AFTER_WAIT);
 }
 
 /// Starts copying rows [row0, row0 + Rows) of one head of Q, K or V (row r at

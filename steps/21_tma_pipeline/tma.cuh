@@ -10,6 +10,7 @@
 #pragma once
 
 #include "20_wgmma/wgmma.cuh"  // smem_address
+#include "fa/lag.cuh"          // FA_LAG: nothing, except in the mutation suite's lag builds
 
 #include <cuda.h>  // CUtensorMap
 
@@ -30,12 +31,14 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 
 /// Arrives on `bar` and adds `bytes` to the transaction bytes the current phase waits for.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  FA_LAG(FA_LAG_BEFORE_ARRIVE);
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 /// Waits until the phase of `bar` with parity `parity` has completed. try_wait suspends the thread
 /// for a while in hardware before it answers false, so the loop does not spin hot.
 __device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  FA_LAG(FA_LAG_BEFORE_WAIT);
   std::uint32_t done = 0;
   do {
     asm volatile(
@@ -48,6 +51,7 @@ __device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t p
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+  FA_LAG(FA_LAG_AFTER_WAIT);
 }
 
 /// Fetches a tensor map into the constant cache ahead of its first use.

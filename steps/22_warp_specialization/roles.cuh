@@ -8,12 +8,15 @@
 /// 256 arrivals completes its phase when all 256 consumer threads have arrived.
 #pragma once
 
+#include "fa/lag.cuh"  // FA_LAG: nothing, except in the mutation suite's lag builds
+
 #include <cstdint>
 
 namespace fa::hopper {
 
 /// Arrives on the mbarrier at `bar` (one of the arrivals its phase waits for), without bytes.
 __device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
+  FA_LAG(FA_LAG_BEFORE_ARRIVE);
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 

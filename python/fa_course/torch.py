@@ -1,8 +1,11 @@
 """PyTorch on top of fa_course._ext: attention() with autograd, and a decode call over a KV cache.
 
-Every call runs on PyTorch's current CUDA stream, allocates its outputs (and a step's workspace) with PyTorch, and
-raises the kit's ValueError for what a step does not take. Importing this module needs PyTorch; the rest of the
-course does not.
+Every call runs on PyTorch's current CUDA stream of q's device, allocates its outputs (and a step's workspace) with
+PyTorch on q's device, and raises the kit's ValueError for what a step does not take. A decode call (kv_lens,
+page_table) makes no host sync and allocates nothing but its outputs and workspace through PyTorch's caching
+allocator, so torch.cuda.graph can capture it (after one call outside the capture, as PyTorch asks of a warm-up);
+a length or page entry its kernel refused is raised by the next call on that device or by fa_course.check().
+Importing this module needs PyTorch; the rest of the course does not.
 """
 from __future__ import annotations
 
@@ -11,13 +14,17 @@ import torch as _torch
 from . import _ext
 
 
-def _stream() -> int:
-    return _torch.cuda.current_stream().cuda_stream
+def _stream(q) -> int:
+    """PyTorch's current stream on q's device (the current device's may be another device's)."""
+    return _torch.cuda.current_stream(q.device).cuda_stream
 
 
 def _workspace(step: str, q, k, v, **forms):
+    """The step's workspace on q's device, of the size q's device asks for, or None. torch.empty, not zeros: the
+    module zeroes the bytes the step uses on the call's stream before the launch (a workspace a caller hands in
+    cannot be trusted to be zero), so one zeroing is enough."""
     size = _ext.workspace_bytes(step, q, k, v, **forms)
-    return _torch.zeros(size, dtype=_torch.uint8, device=q.device) if size else None
+    return _torch.empty(size, dtype=_torch.uint8, device=q.device) if size else None
 
 
 def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-left", kv_lens=None,
@@ -26,7 +33,7 @@ def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-l
     out = _torch.empty_like(q)
     lse = _torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=_torch.float32, device=q.device)
     forms = dict(causal=causal, scale=scale, causal_align=causal_align, kv_lens=kv_lens, page_table=page_table)
-    _ext.forward(step, q, k, v, out, lse=lse, workspace=_workspace(step, q, k, v, **forms), stream=_stream(),
+    _ext.forward(step, q, k, v, out, lse=lse, workspace=_workspace(step, q, k, v, **forms), stream=_stream(q),
                  **forms)
     return out, lse
 
@@ -36,7 +43,7 @@ def backward(step: str, q, k, v, out, lse, d_out, *, causal=False, scale=None):
     dq, dk, dv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
     workspace = _workspace(step, q, k, v, causal=causal, scale=scale)
     _ext.backward(step, q, k, v, out, lse, d_out.contiguous(), dq, dk, dv, workspace=workspace, causal=causal,
-                  scale=scale, stream=_stream())
+                  scale=scale, stream=_stream(q))
     return dq, dk, dv
 
 

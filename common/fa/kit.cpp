@@ -5,9 +5,9 @@
 #include "fa/kit.hpp"
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <vector>
 #include <string>
 #include <utility>
@@ -118,6 +118,16 @@ void refuse_unsupported(const char* step, const AttentionProblem& p, const Launc
                     join(supported.head_dims, [](int d) { return std::to_string(d); }));
 }
 
+namespace {
+/// "0x7f3a00000001 (workspace)". snprintf, not an ostream: in a Python process that loaded another C++ runtime
+/// first (PyTorch's), the module's ostream number formatting crashed on the H200 machine (issue 55).
+std::string address_text(std::uintptr_t address, const char* name) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "0x%jx", std::uintmax_t(address));
+  return std::string(text) + " (" + name + ")";
+}
+}  // namespace
+
 void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace, Pass pass) {
   std::vector<std::pair<const char*, const void*>> tensors = {{"Q", t.q}, {"K", t.k}, {"V", t.v}, {"O", t.o}};
   if (pass == Pass::backward)
@@ -131,9 +141,7 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
     for (const auto& [name, pointer] : tensors) {
       const auto address = reinterpret_cast<std::uintptr_t>(pointer);
       if (address % unsigned(alignment) != 0) {
-        std::ostringstream value;
-        value << "0x" << std::hex << address << " (" << name << ")";
-        throw_unsupported(step, "tensor address", value.str(),
+        throw_unsupported(step, "tensor address", address_text(address, name),
                           std::to_string(alignment) + "-byte aligned pointers (the kernel moves " +
                               std::to_string(alignment) + "-byte vectors)");
       }
@@ -148,9 +156,7 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
                                       {"cache_status", t.cache_status}}) {
     const auto address = reinterpret_cast<std::uintptr_t>(pointer);
     if (address % kWorkspaceAlignment != 0) {
-      std::ostringstream value;
-      value << "0x" << std::hex << address << " (" << name << ")";
-      throw_unsupported(step, "tensor address", value.str(),
+      throw_unsupported(step, "tensor address", address_text(address, name),
                         std::to_string(kWorkspaceAlignment) + "-byte aligned " + name +
                             " (cudaMalloc and PyTorch's allocator give 256-byte aligned memory)");
     }

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
-#include <sstream>
 
 namespace fa {
 
@@ -45,17 +45,24 @@ double AttentionProblem::flops() const {
 }
 
 std::string AttentionProblem::describe() const {
-  std::ostringstream out;
-  out << "B=" << batch << " Nq=" << q_len << " Nkv=" << kv_len << " H=" << q_heads << "/"
-      << kv_heads << " d=" << head_dim << " " << to_string(dtype) << (causal ? " causal" : "");
-  if (causal && causal_align == CausalAlign::bottom_right) out << " (bottom-right)";
+  // Strings and snprintf, not an ostream: the Python module's messages call this, and in a process that loaded
+  // another C++ runtime first (PyTorch's) the module's ostream number formatting crashed (issue 55).
+  using std::to_string;
+  std::string out = "B=" + to_string(batch) + " Nq=" + to_string(q_len) + " Nkv=" + to_string(kv_len) +
+                    " H=" + to_string(q_heads) + "/" + to_string(kv_heads) + " d=" + to_string(head_dim) + " " +
+                    fa::to_string(dtype) + (causal ? " causal" : "");
+  if (causal && causal_align == CausalAlign::bottom_right) out += " (bottom-right)";
   if (!kv_lens.empty()) {
     const auto [shortest, longest] = std::minmax_element(kv_lens.begin(), kv_lens.end());
-    out << " kv_lens=" << *shortest << ".." << *longest;
+    out += " kv_lens=" + to_string(*shortest) + ".." + to_string(*longest);
   }
-  if (paged()) out << " pages of " << page_size << " (" << pages << ")";
-  if (scale) out << " scale=" << *scale;
-  return out.str();
+  if (paged()) out += " pages of " + to_string(page_size) + " (" + to_string(pages) + ")";
+  if (scale) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", double(*scale));  // as an ostream prints a float: 6 significant digits
+    out += std::string(" scale=") + text;
+  }
+  return out;
 }
 
 namespace {

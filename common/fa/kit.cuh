@@ -183,10 +183,11 @@ struct Cache {
     refuse(CacheFault::length, b, 0, n, kv_len);
     return 0;
   }
-  /// The pool page of page i of sequence b, whose length is len: page_table[b][i], or page 0 for an entry outside
-  /// the pool (recorded when the length reaches page i; an entry past it is never a key's and may hold anything).
-  __device__ int page(int b, int i, int len) const {
-    const int entry = page_table[std::int64_t(b) * (kv_len / page_size) + i];
+  /// The pool page of page i of sequence b, whose row of the table is `row` (page_table + b x kv_len / page_size)
+  /// and whose length is len: row[i], or page 0 for an entry outside the pool (recorded when the length reaches
+  /// page i; an entry past it is never a key's and may hold anything).
+  __device__ int page(const int* row, int b, int i, int len) const {
+    const int entry = row[i];
     if (unsigned(entry) < unsigned(pages)) return entry;
     if (i * page_size < len) refuse(CacheFault::page, b, i, entry, pages);
     return 0;

@@ -21,9 +21,13 @@
 /// FA_LAG(site) is nothing: the steps compile to exactly what they were.
 #pragma once
 
+/// A site: before an arrive (mbarrier arrive, arrive.expect_tx, bar.arrive, bar.sync).
 #define FA_LAG_BEFORE_ARRIVE 1
+/// A site: before a wait (the mbarrier try_wait loop, bar.sync, cp.async.wait_group).
 #define FA_LAG_BEFORE_WAIT 2
+/// A site: after a wait returns.
 #define FA_LAG_AFTER_WAIT 4
+/// A site a mutant's own text marks (a barrier that is a plain __syncthreads()).
 #define FA_LAG_HERE 8
 
 #ifdef FA_LAG_NS
@@ -44,7 +48,9 @@ __device__ __forceinline__ void at(int site) {
 
 }  // namespace fa::lag
 
+/// The lag of one site: the chosen role spins here in a lag build.
 #define FA_LAG(site) ::fa::lag::at(site)
 #else
+/// The lag of one site: nothing outside a lag build.
 #define FA_LAG(site) ((void)0)
 #endif

@@ -115,7 +115,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   // page's entry, and the next page's entry read ahead), so that a key costs an add, and the table is read once a
   // page, a page before the walk needs it, instead of a division and a load in front of every key's copy.
   const int table_pages = pages ? cache.kv_len / cache.page_size : 0;
-  auto entry_of = [&](int i) { return i < table_pages ? cache.page(b, i, len) : 0; };  // checked: kit::Cache
+  auto entry_of = [&](int i) { return i < table_pages ? cache.page(pages, b, i, len) : 0; };  // checked: kit::Cache
   int walk_page = 0, walk_row = first + g, entry = 0, next_entry = 0;
   if (pages) {
     walk_page = walk_row / cache.page_size, walk_row %= cache.page_size;

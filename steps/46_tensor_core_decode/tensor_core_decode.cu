@@ -115,7 +115,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const int* pages = cache.page_table ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size) : nullptr;
   auto row_of = [&](int j) -> std::int64_t {
     if (!pages) return std::int64_t(b) * cache.kv_len + j;
-    return std::int64_t(cache.page(b, j / cache.page_size, len)) * cache.page_size + j % cache.page_size;
+    return std::int64_t(cache.page(pages, b, j / cache.page_size, len)) * cache.page_size + j % cache.page_size;
   };
   // A lane copies chunks of 8 keys a tile, and 4 warps are all an SM holds: a division and a dependent load of the
   // page table in front of each copy would stall the warp every tile with nothing else to run. So lane l < 16 looks

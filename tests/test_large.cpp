@@ -36,14 +36,30 @@ HostTensor download_sequence(const DeviceBuffer& tensor, DType dtype, int b, int
   return out;
 }
 
+/// Whether the device has `needed` bytes free; if not, records the case as skipped, naming both.
+bool device_memory_for(std::size_t needed) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes >= needed) return true;
+  test::skip("needs " + std::to_string(needed >> 30) + " GiB of device memory; " + std::to_string(free_bytes >> 30) +
+             " GiB free");
+  return false;
+}
+
+/// 32783 sequences of 32 rows x 32 heads x d = 64, f16: 2^16 elements each, 2^31 + 15 x 2^16 in each of Q, K, V
+/// and O (and, in the backward, dO, dQ, dK and dV).
+AttentionProblem past_2_31() {
+  AttentionProblem p;
+  p.batch = 32783, p.q_len = 32, p.kv_len = 32, p.q_heads = 32, p.kv_heads = 32, p.head_dim = 64;
+  p.dtype = DType::f16;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("a problem of more than 2^31 elements in total runs on every step", "[gpu][large]") {
   FA_REQUIRE_GPU();
-  // 32783 sequences of 32 rows x 32 heads x d = 64: 2^16 elements each, 2^31 + 15 * 2^16 in all.
-  AttentionProblem p;
-  p.batch = 32783, p.q_len = 32, p.kv_len = 32, p.q_heads = 32, p.kv_heads = 32, p.head_dim = 64;
-  p.dtype = DType::f16;
+  const AttentionProblem p = past_2_31();
   const std::int64_t per_sequence = std::int64_t(p.q_len) * p.q_heads * p.head_dim;
   REQUIRE(p.q_elements() > (std::int64_t(1) << 31));
   REQUIRE(p.kv_elements() > (std::int64_t(1) << 31));
@@ -52,14 +68,7 @@ TEST_CASE("a problem of more than 2^31 elements in total runs on every step", "[
   const std::uint64_t seed = test::fresh_seed();
   INFO(p.describe() << " seed=" << seed);
   const std::size_t bytes = std::size_t(p.q_elements()) * size_of(p.dtype);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const std::size_t needed = 4 * bytes + (std::size_t(9) << 30);  // Q, K, V, O and the largest workspace
-  if (free_bytes < needed) {
-    test::skip("needs " + std::to_string(needed >> 30) + " GiB of device memory; " +
-               std::to_string(free_bytes >> 30) + " GiB free");
-    return;
-  }
+  if (!device_memory_for(4 * bytes + (std::size_t(9) << 30))) return;  // Q, K, V, O and the largest workspace
   DeviceBuffer q(bytes), k(bytes), v(bytes), o(bytes);
   test::fill_uniform(q.get(), p.dtype, p.q_elements(), seed * 3 + 1, -1.f, 1.f);
   test::fill_uniform(k.get(), p.dtype, p.kv_elements(), seed * 3 + 2, -1.f, 1.f);
@@ -113,14 +122,7 @@ TEST_CASE("decode over a cache of more than 2^31 elements, contiguous and paged,
   const std::uint64_t seed = test::fresh_seed();
   INFO(p.describe() << " seed=" << seed);
   const std::size_t kv_bytes = std::size_t(p.kv_elements()) * size_of(p.dtype);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const std::size_t needed = 2 * kv_bytes + (std::size_t(2) << 30);
-  if (free_bytes < needed) {
-    test::skip("needs " + std::to_string(needed >> 30) + " GiB of device memory; " +
-               std::to_string(free_bytes >> 30) + " GiB free");
-    return;
-  }
+  if (!device_memory_for(2 * kv_bytes + (std::size_t(2) << 30))) return;
   const std::size_t q_bytes = std::size_t(p.q_elements()) * size_of(p.dtype);
   DeviceBuffer q(q_bytes), k(kv_bytes), v(kv_bytes), o(q_bytes), lens(17 * sizeof(int));
   test::fill_uniform(q.get(), p.dtype, p.q_elements(), seed * 3 + 1, -1.f, 1.f);
@@ -194,25 +196,16 @@ TEST_CASE("decode over a cache of more than 2^31 elements, contiguous and paged,
 
 TEST_CASE("a backward problem of more than 2^31 elements runs on every backward step", "[gpu][large]") {
   FA_REQUIRE_GPU();
-  // The forward's problem above: 32783 sequences of 32 rows x 32 heads x d = 64, 2^31 + 15 x 2^16 elements in
-  // each of Q, K, V, O, dO, dQ, dK and dV. O and LSE from the course's fastest forward step that takes it.
-  AttentionProblem p;
-  p.batch = 32783, p.q_len = 32, p.kv_len = 32, p.q_heads = 32, p.kv_heads = 32, p.head_dim = 64;
-  p.dtype = DType::f16;
+  // The forward's problem above, in each of the backward's eight tensors. O and LSE from the course's fastest
+  // forward step that takes it.
+  const AttentionProblem p = past_2_31();
   const std::int64_t per_sequence = std::int64_t(p.q_len) * p.q_heads * p.head_dim;
   REQUIRE(p.q_elements() > (std::int64_t(1) << 31));
   const int first_past_2_31 = int((std::int64_t(1) << 31) / per_sequence);
   const std::uint64_t seed = test::fresh_seed();
   INFO(p.describe() << " seed=" << seed);
   const std::size_t bytes = std::size_t(p.q_elements()) * size_of(p.dtype);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const std::size_t needed = 8 * bytes + (std::size_t(20) << 30);  // and LSE, D, a float dQ workspace
-  if (free_bytes < needed) {
-    test::skip("needs " + std::to_string(needed >> 30) + " GiB of device memory; " +
-               std::to_string(free_bytes >> 30) + " GiB free");
-    return;
-  }
+  if (!device_memory_for(8 * bytes + (std::size_t(20) << 30))) return;  // and LSE, D, a float dQ workspace
   const StepInfo* forward = forward_step_for_backward(p, kit::device_arch());
   REQUIRE(forward != nullptr);
   DeviceBuffer q(bytes), k(bytes), v(bytes), o(bytes), d_o(bytes), dq(bytes), dk(bytes), dv(bytes);

@@ -8,24 +8,18 @@ device memory" -- which the right calls here must reach, to show that nothing ri
 
 CI runs it (ctest -R cpu/python). Plain asserts, no pytest; prints one line when every check passed.
 """
+import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fa_course  # noqa: E402
+from refusal import refusal  # noqa: E402
 
 NOT_ON_GPU = "q: the tensor is not in CUDA device memory"
 RACE = ": an output may not share memory with an input or another output (they would race); pass a separate tensor"
-
-
-def refusal(call, *args, **kwargs) -> str:
-    """The ValueError's message of call(*args, **kwargs), which must refuse."""
-    try:
-        call(*args, **kwargs)
-    except ValueError as error:
-        return str(error)
-    raise AssertionError(f"{call.__name__}{args[:1]} did not refuse")
 
 
 def overlap(message: str, output: str, other: str) -> None:

@@ -13,17 +13,10 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "tests"))
 FA_RUN = sys.argv[2]
 import fa_course  # noqa: E402
-
-
-def refusal(call, *args, **kwargs) -> str:
-    """The ValueError's message of call(*args, **kwargs), which must refuse."""
-    try:
-        call(*args, **kwargs)
-    except ValueError as error:
-        return str(error)
-    raise AssertionError(f"{call.__name__}{args[:1]} did not refuse")
+from refusal import refusal  # noqa: E402
 
 
 def fa_run_message(**tensors) -> str:

@@ -2,7 +2,9 @@
 # The Hopper steps against the libraries, in one call and in alternating rounds (ours, peers, ours,
 # peers): the peers drift by about 5 % from call to call and within one, so each side gets the same
 # stretches of time. Peers: PyTorch SDPA's cuDNN and FlashAttention-2 backends (bench/sdpa_peers.py)
-# and FlashAttention-3 (bench/fa3_peer.py, from the flash-attn3-jax wheel in .whl/, d = 128 only).
+# and FlashAttention-3 (bench/fa3_peer.py, from the flash-attn3-jax wheel in .whl/, d = 128 only), and
+# FlashAttention-4 (sdpa_peers.py --backends fa4) where FA_PEER_SITE names the folder it was installed into
+# (bench/fa4_wheels.sh install).
 # Every round's rows go to $OUT/rounds.csv, each with its round in the suite column (round1, round2, ...);
 # `python3 tools/tables.py rounds --csv $OUT/rounds.csv --steps 24,25` prints the medians over rounds.
 #
@@ -27,6 +29,12 @@ if ls .whl/flash_attn3_jax-*.whl > /dev/null 2>&1; then
     .whl/flash_attn3_jax-*.whl > "$OUT/rounds/fa3-install.log" 2>&1 && fa3=1
 fi
 [ "$fa3" = 1 ] || echo "FlashAttention-3 not timed: no flash-attn3-jax wheel in .whl/ (see bench/fa3_peer.py)"
+backends=flash,cudnn
+if [ -n "${FA_PEER_SITE:-}" ] && [ "$pass" != decode ]; then
+  backends=flash,cudnn,fa4
+else
+  echo "FlashAttention-4 not timed: FA_PEER_SITE is not set (see bench/fa4_wheels.sh)"
+fi
 
 for round in $(seq 1 "$rounds"); do
   for shape in "${shapes[@]}"; do
@@ -39,7 +47,7 @@ for round in $(seq 1 "$rounds"); do
         --no-baseline --csv "$OUT/rounds/old-$round-$tag.csv" > "$OUT/rounds/old-$round-$tag.txt" 2>&1
     fi
     echo "== round $round: peers at $shape"
-    python3 bench/sdpa_peers.py --pass "$pass" --shape "$shape" --dtypes "$dtypes" --backends flash,cudnn --reps 30 \
+    python3 bench/sdpa_peers.py --pass "$pass" --shape "$shape" --dtypes "$dtypes" --backends "$backends" --reps 30 \
       --csv "$OUT/rounds/peers-$round-$tag.csv" > "$OUT/rounds/peers-$round-$tag.txt" 2>&1
     if [ "$fa3" = 1 ] && [ "${shape##*,}" = 128 ] && [ "$pass" != decode ]; then
       PYTHONPATH=/tmp/fa3-site XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/fa3_peer.py --pass "$pass" \

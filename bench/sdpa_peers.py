@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time PyTorch's scaled_dot_product_attention backends as peers of the course's steps.
+"""Time PyTorch's scaled_dot_product_attention backends, and FlashAttention-4, as peers of the course's steps.
 
 Run on the GPU machine, where torch is installed:
 
@@ -29,10 +29,21 @@ backward and TFLOPS = 2.5 x the forward's count / t (AttentionProblem::flops);
 extra_bytes is the peak allocated by one backward call beyond the gradients it
 returns, and rel_err / max_err those of --sample-rows sampled rows of dQ against
 float64 (dK and dV are not checked: their rows need every query row).
+
+--backends fa4 times FlashAttention-4 (PyPI `flash-attn-4`, `flash_attn.cute.flash_attn_func`, CuTe DSL) the
+same way, forward and backward, on the course's [B, N, H, d] tensors themselves (rows with step = fa4). It is
+not part of the default; on a machine without network its wheels travel and are installed into a folder
+(`pip install --no-index --no-deps --target DIR`), which --site DIR (or $FA_PEER_SITE) hands to
+site.addsitedir before the import, so that the folder's .pth files put `cutlass` on the path. FA4 compiles
+each configuration on its first call (seconds); the warm-up calls take that, and
+FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 keeps the compiled kernels on disk for the next process. Its causal
+mask is aligned bottom-right, the course's top-left: they agree when Nq = Nkv, and fa4 skips other causal
+shapes; it takes f16 and bf16.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -52,7 +63,7 @@ SUITES = {
 #: fa-bench's backward suite beyond the teaching shape (suite column "backward"): the tensor-core shapes.
 BACKWARD_SHAPES = ((4, 4096, 4096, 16, 16, 64), (4, 4096, 4096, 16, 16, 128), (1, 16384, 16384, 16, 16, 128))
 #: The backends whose backward is timed (the backward table's peers).
-BACKWARD_BACKENDS = ("flash", "cudnn")
+BACKWARD_BACKENDS = ("flash", "cudnn", "fa4")
 #: fa-bench's decode suite (suite column "decode"): one query per sequence over a long KV cache, GQA.
 DECODE_SHAPES = ((8, 1, 8192, 32, 8, 128), (1, 1, 131072, 32, 8, 128), (64, 1, 2048, 32, 8, 128),
                  (8, 1, 8192, 16, 16, 64))
@@ -68,6 +79,9 @@ BACKENDS = {
     "flash": "FLASH_ATTENTION",
     "cudnn": "CUDNN_ATTENTION",
 }
+#: Peers that are libraries of their own, not SDPA backends: name in --backends (and the CSV's step column) ->
+#: what the import needs. Not in --backends' default.
+LIBRARIES = {"fa4": "flash_attn.cute (PyPI flash-attn-4)"}
 
 
 def parse_args(argv=None):
@@ -81,10 +95,16 @@ def parse_args(argv=None):
     parser.add_argument("--dtypes", default="f32,f16,bf16", help="comma-separated: f32, f16, bf16 (default all)")
     parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
-                        help="comma-separated: " + ", ".join(BACKENDS) + " (default all)")
+                        help="comma-separated: " + ", ".join((*BACKENDS, *LIBRARIES)) + " (default: "
+                        + ", ".join(BACKENDS) + ")")
+    parser.add_argument("--site", action="append", default=[],
+                        help="a folder given to site.addsitedir before importing a library peer (fa4), e.g. "
+                             "where its wheels were installed with pip --target (repeatable; default "
+                             "$FA_PEER_SITE)")
     parser.add_argument("--pass", dest="passes", default="forward", choices=tuple(PEER_PASSES),
-                        help="forward (default), backward (flash and cudnn only), both, or decode (the forward "
-                             "without the mask, rows with pass decode and gbps; with --suites decode)")
+                        help="forward (default), backward (" + ", ".join(BACKWARD_BACKENDS) + " only), both, or "
+                             "decode (the forward without the mask, rows with pass decode and gbps; with --suites "
+                             "decode)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -96,10 +116,13 @@ def parse_args(argv=None):
         parser.error("--reps must be at least 15")
     if not args.dry_run and not args.csv:
         parser.error("--csv is required (or --dry-run)")
-    for name, allowed in (("dtypes", ("f32", "f16", "bf16")), ("causal", ("no", "yes")), ("backends", tuple(BACKENDS))):
+    for name, allowed in (("dtypes", ("f32", "f16", "bf16")), ("causal", ("no", "yes")),
+                          ("backends", (*BACKENDS, *LIBRARIES))):
         for value in getattr(args, name).split(","):
             if value not in allowed:
                 parser.error(f"--{name}: unknown value '{value}', expected {', '.join(allowed)}")
+    if not args.site and os.environ.get("FA_PEER_SITE"):
+        args.site = os.environ["FA_PEER_SITE"].split(os.pathsep)
     return args
 
 
@@ -155,6 +178,22 @@ def kv_gbps(shape, dtype: str, ms: float) -> float:
     return 2.0 * batch * kv_len * kv_heads * head_dim * (4 if dtype == "f32" else 2) / (ms * 1e6)
 
 
+def step_name(backend: str) -> str:
+    """The CSV's step column for a backend: sdpa-flash, sdpa-cudnn, ... for SDPA's, the library's own name (fa4)."""
+    return backend if backend in LIBRARIES else f"sdpa-{backend}"
+
+
+def refusal(backend: str, shape, dtype: str, causal: bool):
+    """Why a library peer does not take a configuration (None when it does): checked before any call."""
+    if backend != "fa4":
+        return None
+    if dtype == "f32":
+        return "FlashAttention-4 takes f16 and bf16"
+    if causal and shape[1] != shape[2]:
+        return "FlashAttention-4 aligns the causal mask bottom-right, the course top-left; they agree only when Nq = Nkv"
+    return None
+
+
 def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err,
              pass_="forward") -> list:
     """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it;
@@ -181,7 +220,7 @@ def open_csv(path: str):
 
 
 class Inputs:
-    """Q, K, V of one shape and dtype in the course's layout [B, N, H, d], plus SDPA's [B, H, N, d] views."""
+    """Q, K, V of one shape and dtype in the course's layout [B, N, H, d]."""
 
     def __init__(self, torch, shape, dtype, seed):
         batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
@@ -194,8 +233,6 @@ class Inputs:
         self.q = uniform(batch, q_len, q_heads, head_dim)
         self.k = uniform(batch, kv_len, kv_heads, head_dim)
         self.v = uniform(batch, kv_len, kv_heads, head_dim)
-        # SDPA wants [B, H, N, d]: transposed views, no copies (the last dimension stays contiguous).
-        self.q_t, self.k_t, self.v_t = (x.transpose(1, 2) for x in (self.q, self.k, self.v))
         self.gqa = q_heads != kv_heads
 
 
@@ -216,7 +253,7 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
 
 
 def reference_dq_rows(torch, inputs: Inputs, d_o, shape, causal: bool, rows):
-    """float64 dQ of the sampled rows (b, i, h) of out = attention(Q, K, V) given dO (SDPA's [B, H, N, d]):
+    """float64 dQ of the sampled rows (b, i, h) of out = attention(Q, K, V) given dO ([B, N, H, d]):
     tensor [len(rows), d]. dQ_i = scale sum_j P_ij (dP_ij - D_i) K_j with dP_ij = dO_i . V_j, D_i = dO_i . O_i."""
     head_dim = shape[5]
     group = shape[3] // shape[4]
@@ -230,7 +267,7 @@ def reference_dq_rows(torch, inputs: Inputs, d_o, shape, causal: bool, rows):
         if causal:
             scores[i + 1:] = -math.inf  # top-left aligned: query i sees keys j <= i
         p = torch.softmax(scores, dim=0)
-        do = d_o[b, h, i].double()
+        do = d_o[b, i, h].double()
         d_p = v @ do
         d_s = p * (d_p - do @ (p @ v))
         out.append(scale * (d_s @ k))
@@ -284,27 +321,42 @@ def event_times(torch, call, args):
     return statistics.median(times), min(times), max(times), len(times)
 
 
-def measure_backward(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
+def attention_call(torch, backend: str, inputs: Inputs, causal: bool):
+    """attend(q, k, v) -> out for one backend, all in the course's layout [B, N, H, d]: SDPA's backends get
+    [B, H, N, d] views and give theirs back as views (no copies); FlashAttention-4 takes the layout itself.
+    Call it inside the backend's sdpa_kernel context."""
+    if backend == "fa4":
+        from flash_attn.cute import flash_attn_func  # imported in main() first, with --site on the path
+
+        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)[0]
+    import torch.nn.functional as F
+
+    kwargs = {"is_causal": causal}
+    if inputs.gqa:
+        kwargs["enable_gqa"] = True  # query head h reads KV head h // (Hq / Hkv), as in the course
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              **kwargs).transpose(1, 2)
+
+    return attend
+
+
+def measure_backward(torch, attend, inputs: Inputs, shape, causal: bool, args):
     """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one backend's backward on one
-    configuration: torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) for out = SDPA(q, k, v), each call
+    configuration: torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) for out = attend(q, k, v), each call
     on the next of enough copies of (q, k, v, out, dO) to leave the L2 cache (3 x its size, 1 to 8 copies, as
     fa-bench). rel_err and max_err: sampled rows of dQ against float64.
 
     Raises RuntimeError when the selected backend has no kernel for it.
     """
-    kwargs = {"is_causal": causal}
-    if inputs.gqa:
-        kwargs["enable_gqa"] = True
-
-    def forward(q, k, v):
-        # SDPA's [B, H, N, d] views of the course's [B, N, H, d] leaves; the gradients come back in the course's layout.
-        return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs)
+    forward = attend  # [B, N, H, d] leaves in, out and the gradients in the same layout
 
     # One set first (a backend without a kernel raises here), then as many as leave the L2 cache.
     leaves = [x.detach().clone().requires_grad_() for x in (inputs.q, inputs.k, inputs.v)]
     out = forward(*leaves)
     generator = torch.Generator(device="cuda").manual_seed(args.seed + 2)
-    d_o = torch.empty_like(out)  # out's strides: SDPA's kernels return [B, N, H, d] memory seen as [B, H, N, d]
+    d_o = torch.empty_like(out)  # out's strides (SDPA's kernels write [B, N, H, d] memory)
     d_o.copy_((torch.rand(out.shape, device="cuda", generator=generator) * 2 - 1).to(out.dtype))
     # What one call reads and writes: Q, K, V, O, dO (and LSE, small), and dQ, dK, dV shaped like Q, K, V.
     bytes_per_set = sum(x.numel() * x.element_size() for x in (*leaves, out, d_o, *leaves))
@@ -335,17 +387,13 @@ def measure_backward(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     return (*event_times(torch, call, args), max(0, extra), rel_err, max_err)
 
 
-def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
+def measure(torch, attend, inputs: Inputs, shape, causal: bool, args):
     """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one backend on one configuration.
 
     Raises RuntimeError when the selected backend has no kernel for it.
     """
-    kwargs = {"is_causal": causal}
-    if inputs.gqa:
-        kwargs["enable_gqa"] = True  # query head h reads KV head h // (Hq / Hkv), as in the course
-
     def call():
-        return sdpa(inputs.q_t, inputs.k_t, inputs.v_t, **kwargs)
+        return attend(inputs.q, inputs.k, inputs.v)
 
     # Extra memory: peak allocated during one call beyond what was live before it and the output it returns.
     torch.cuda.synchronize()
@@ -356,9 +404,9 @@ def measure(torch, sdpa, inputs: Inputs, shape, causal: bool, args):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
 
-    # Accuracy on sampled rows; out is [B, H, N, d].
+    # Accuracy on sampled rows; out is [B, N, H, d].
     rows = sampled_rows(torch, shape, args)
-    got = torch.stack([out[b, h, i].double() for b, i, h in rows])
+    got = torch.stack([out[b, i, h].double() for b, i, h in rows])
     rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows))
     del out
     return (*event_times(torch, lambda n: call(), args), max(0, extra), rel_err, max_err)
@@ -371,24 +419,34 @@ def main(argv=None) -> int:
     if args.passes != "forward":
         for backend in args.backends.split(","):
             if backend not in BACKWARD_BACKENDS:
-                print(f"sdpa-{backend}: backward not timed (--pass backward times {', '.join(BACKWARD_BACKENDS)})")
+                print(f"{step_name(backend)}: backward not timed (--pass backward times {', '.join(BACKWARD_BACKENDS)})")
     if args.dry_run:
         print(",".join(COLUMNS))
         for suite, shape, dtype, causal, backend, pass_ in measurements:
-            print(f"would time sdpa-{backend:<9} {pass_:<8} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = "
+            why = refusal(backend, shape, dtype, causal)
+            print(f"would {'skip' if why else 'time'} {step_name(backend):<14} {pass_:<8} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = "
                   f"{','.join(map(str, shape))} causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, "
-                  f"median of {args.reps}")
+                  f"median of {args.reps}" + (f" ({why})" if why else ""))
         return 0
 
     try:  # only here: --help and --dry-run work without torch
         import torch
-        import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as error:
         sys.exit(f"sdpa_peers.py needs PyTorch with torch.nn.attention (2.3 or later): {error}")
 
     if not torch.cuda.is_available():
         sys.exit("no CUDA device: sdpa_peers.py times GPU kernels")
+    if "fa4" in args.backends.split(","):
+        import site
+
+        for folder in args.site:
+            site.addsitedir(folder)  # runs the folder's .pth files: the CuTe DSL's put cutlass on the path
+        try:
+            import flash_attn.cute  # noqa: F401  attention_call imports flash_attn_func from it
+        except ImportError as error:
+            sys.exit(f"--backends fa4 needs {LIBRARIES['fa4']} and its wheels (see --help; --site {args.site}): "
+                     f"{error}")
     torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as in the steps and the cuBLAS baseline
     torch.backends.cudnn.allow_tf32 = False
     gpu = torch.cuda.get_device_name()
@@ -404,26 +462,34 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
                 inputs = Inputs(torch, shape, dtypes[dtype], args.seed)
                 inputs_key = (shape, dtype)
-            what = (f"sdpa-{backend:<9} {suite:<8} {dtype} {','.join(map(str, shape))} "
+            what = (f"{step_name(backend):<14} {suite:<8} {dtype} {','.join(map(str, shape))} "
                     f"causal={'yes' if causal else 'no'}" + ("" if pass_ == "forward" else f" {pass_}"))
             timed = measure_backward if pass_ == "backward" else measure
-            member = getattr(SDPBackend, BACKENDS[backend], None)
-            if member is None:
+            why = refusal(backend, shape, dtype, causal)
+            if why:
+                print(f"skip {what}: {why}")
+                continue
+            member = getattr(SDPBackend, BACKENDS[backend], None) if backend in BACKENDS else None
+            if backend in BACKENDS and member is None:
                 print(f"skip {what}: this torch has no SDPBackend.{BACKENDS[backend]}")
                 continue
             try:
-                with warnings.catch_warnings(record=True) as caught, sdpa_kernel([member]):
+                with warnings.catch_warnings(record=True) as caught, \
+                        (sdpa_kernel([member]) if member is not None else contextlib.nullcontext()):
                     warnings.simplefilter("always")
-                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, F.scaled_dot_product_attention,
-                                                                             inputs, shape, causal, args)
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+                    attend = attention_call(torch, backend, inputs, causal)
+                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, attend, inputs, shape, causal,
+                                                                             args)
+            except Exception as error:  # noqa: BLE001  a library peer's refusals are its own exception types
+                if backend in BACKENDS and not isinstance(error, (RuntimeError, torch.cuda.OutOfMemoryError)):
+                    raise
                 # torch explains a refusal in warnings ("... requires ..."), then raises "No available kernel".
                 reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
                 print(f"skip {what}: {str(error).splitlines()[0]}" + (f" ({reasons})" if reasons else ""))
                 torch.cuda.empty_cache()
                 continue
             tflops = flops(shape, causal, pass_) / (ms * 1e9)
-            writer.writerow(peer_row(f"sdpa-{backend}", dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps,
+            writer.writerow(peer_row(step_name(backend), dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps,
                                      extra, rel_err, max_err, pass_))
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "

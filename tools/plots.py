@@ -54,6 +54,7 @@ PEER_NAMES = {
     "sdpa-flash": "SDPA flash (FA2)",
     "sdpa-cudnn": "SDPA cuDNN",
     "fa3": "FlashAttention-3",
+    "fa4": "FlashAttention-4",
 }
 
 

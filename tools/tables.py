@@ -195,12 +195,20 @@ def compare(old_rows, new_rows, pairs=(), limit=1.03) -> str:
     return "\n".join(lines)
 
 
+def library_peers(rows) -> list:
+    """The peers of the Hopper tables: SDPA's FlashAttention-2 and cuDNN and FlashAttention-3, and
+    FlashAttention-4 where the rows hold it (files from before it was timed keep their tables)."""
+    return ["sdpa-flash", "sdpa-cudnn", "fa3"] + (["fa4"] if any(r["step"] == "fa4" for r in rows) else [])
+
+
 def rounds(rows, steps, head_dim=None) -> str:
-    """TFLOPS per configuration, the median over the rounds of bench/hopper_rounds.sh (rows whose suite
-    is round1, round2, ...), for the listed steps and every peer; then the fastest listed step against
-    cuDNN and FlashAttention-3, each ratio from the two medians."""
-    picked = [r for r in rows if r["suite"].startswith("round") and (head_dim is None or r["head_dim"] == head_dim)]
-    peers = ["sdpa-flash", "sdpa-cudnn", "fa3"]
+    """TFLOPS per configuration of the forward, the median over the rounds of bench/hopper_rounds.sh (rows
+    whose suite is round1, round2, ...), for the listed steps and every peer; then the fastest listed step
+    against cuDNN, FlashAttention-3 (and FlashAttention-4 where timed), each ratio from the two medians."""
+    picked = [r for r in rows if r["suite"].startswith("round") and r.get("pass", "forward") == "forward"
+              and (head_dim is None or r["head_dim"] == head_dim)]
+    peers = library_peers(picked)
+    versus = [p for p in peers if p != "sdpa-flash"]
     columns = [s for s in steps] + peers
 
     def config(r):
@@ -215,8 +223,9 @@ def rounds(rows, steps, head_dim=None) -> str:
     med = {k: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
            for k, v in samples.items()}
     n_rounds = len({r["suite"] for r in picked})
-    head = ["d", "B, N, H", "dtype", "causal"] + [PEER_COLUMN.get(c, c) for c in columns] + ["best step", "/ cuDNN", "/ FA3"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(columns) + 3)]
+    head = (["d", "B, N, H", "dtype", "causal"] + [PEER_COLUMN.get(c, c) for c in columns] + ["best step"]
+            + [f"/ {PEER_COLUMN[p]}" for p in versus])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(columns) + 1 + len(versus))]
     for cfg in sorted({config(r) for r in picked}, key=lambda c: (-c[0], c[1], c[4], c[5])):
         d, b, n, h, dtype, causal = cfg
         cells = [med.get((cfg, c)) for c in columns]
@@ -224,13 +233,14 @@ def rounds(rows, steps, head_dim=None) -> str:
         best, best_step = max(ours) if ours else (None, "–")
         ratio = lambda peer: _fmt(best / med[(cfg, peer)]) if best and (cfg, peer) in med else "–"  # noqa: E731
         lines.append(f"| {d} | {b}, {n}, {h} | {dtype} | {'yes' if causal else 'no'} | "
-                     + " | ".join(_fmt(c) for c in cells) + f" | {best_step} | {ratio('sdpa-cudnn')} | {ratio('fa3')} |")
+                     + " | ".join(_fmt(c) for c in cells) + f" | {best_step} | "
+                     + " | ".join(ratio(p) for p in versus) + " |")
     lines.append(f"\nTFLOPS, medians of {n_rounds} alternating rounds (steps, then peers, per shape).")
     return "\n".join(lines)
 
 
 #: Column titles of the peers in the rounds table.
-PEER_COLUMN = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "fa3": "FA3"}
+PEER_COLUMN = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "fa3": "FA3", "fa4": "FA4"}
 
 
 def _median(values: list[float]) -> float:
@@ -246,7 +256,7 @@ def backward(rows, steps=(), head_dim=None, suite=None) -> str:
     step and each peer's time over its time (> 1: the step is faster), from the medians."""
     picked = [r for r in plots.select(rows, **{"pass": "backward"})
               if (head_dim is None or r["head_dim"] == head_dim) and (suite is None or r["suite"] == suite)]
-    peers = ["sdpa-flash", "sdpa-cudnn", "fa3"]
+    peers = library_peers(picked)
 
     def name(r):
         return r["step"] + (f"-{r['variant']}" if r["variant"] else "")

@@ -70,5 +70,30 @@ for pass_, sh in (("forward", shape), ("backward", shape), ("forward", (4, 4096,
                                                               1.0, 1.0, 15, 0, 1e-3, 1e-3, pass_))))
     course[-1].update({k: int(course[-1][k]) for k in ("batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim")})
 assert [r["suite"] for r in plots.course_suites(course)] == ["teaching", "custom", "headline", "custom"]
+
+# FlashAttention-4, a library peer: its rows are step fa4; it is refused, before any call, where it would compute
+# another problem (f32; a causal mask with Nq != Nkv, which it aligns bottom-right); its backward is planned.
+assert sdpa_peers.step_name("fa4") == "fa4" and sdpa_peers.step_name("cudnn") == "sdpa-cudnn"
+assert "f16 and bf16" in sdpa_peers.refusal("fa4", shape, "f32", False)
+assert "bottom-right" in sdpa_peers.refusal("fa4", (2, 100, 300, 8, 2, 64), "f16", True)
+assert sdpa_peers.refusal("fa4", (2, 100, 300, 8, 2, 64), "f16", False) is None
+assert sdpa_peers.refusal("cudnn", shape, "f32", True) is None
+planned = sdpa_peers.plan(sdpa_peers.parse_args(["--dry-run", "--backends", "fa4", "--pass", "both", "--shape",
+                                                 "4,4096,4096,16,16,128", "--dtypes", "bf16", "--causal", "no"]))
+assert [m[-2:] for m in planned] == [("fa4", "forward"), ("fa4", "backward")], planned
+# The Hopper tables: a rounds file's forward rows only, with an FA4 column and ratio where fa4 rows are present.
+import tables  # noqa: E402
+timed = []
+for step, pass_, ms in (("24", "forward", 1.0), ("fa4", "forward", 0.9), ("sdpa-cudnn", "forward", 1.1),
+                        ("sdpa-cudnn", "backward", 2.0), ("41", "backward", 2.5), ("fa4", "backward", 2.0)):
+    row = dict(zip(plots.COLUMNS, sdpa_peers.peer_row(step, "f16", shape, False, "round1", "GPU", ms, ms, ms, 15, 0,
+                                                      1e-3, 1e-3, pass_)))
+    row.update({k: int(row[k]) for k in plots.INT_COLUMNS}, tflops=float(row["tflops"]), ms=ms)
+    timed.append(row)
+forward_table = tables.rounds(timed, ["24"]).splitlines()
+assert forward_table[0].endswith("| best step | / cuDNN | / FA3 | / FA4 |"), forward_table[0]
+assert forward_table[2].endswith("| 24 | 1.1 | – | 0.9 |"), forward_table[2]  # cuDNN's backward row left out
+assert "FA4" not in tables.rounds([r for r in timed if r["step"] != "fa4"], ["24"])  # older files keep their tables
+assert "| / FA4 |" in tables.backward(timed, ["41"]).splitlines()[0] + "|"
 print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header; "
-      "the course run's shapes map to the teaching and headline suites")
+      "the course run's shapes map to the teaching and headline suites; fa4 rows, refusals and table columns")

@@ -14,9 +14,11 @@
 #   decode    fa-bench --suite decode (issue 32's four shapes, f16 and bf16), then the steps that take a paged cache
 #             on pages of 16, 64 and 256 tokens in a shuffled order (fa-bench --page-size, f16; suite decode-pagesN)
 #   peers     SDPA's FlashAttention-2 and cuDNN backends (bench/sdpa_peers.py) at the same shapes and passes, f16
-#             (and bf16 for the backward and decode); FlashAttention-3 (bench/fa3_peer.py, the flash-attn3-jax
-#             wheel in .whl/, d = 128) for the forward and the backward; the GPU's ceilings (bench/ceilings.py: the
-#             HBM read that bounds decode, a copy, a bf16 GEMM; pass ceiling)
+#             (and bf16 for the backward and decode); FlashAttention-4 (sdpa_peers.py --backends fa4) where
+#             FA_PEER_SITE names its install (bench/fa4_wheels.sh), forward and backward; FlashAttention-3
+#             (bench/fa3_peer.py, the flash-attn3-jax wheel in .whl/ or FA3_WHEEL, d = 128) for the forward and the
+#             backward; the GPU's ceilings (bench/ceilings.py: the HBM read that bounds decode, a copy, a bf16 GEMM;
+#             pass ceiling)
 # FA_COURSE_REPS sets fa-bench's --reps (default: its own, about 1 s of launches a measurement). Where device time
 # is short: FA_COURSE_SHAPES picks the forward's shapes (default all four, as B,Nq,Nkv,Hq,Hkv,d), FA_COURSE_F32 the
 # ones also timed in f32 (default all; the f32 chain of the README is the teaching shapes'), FA_COURSE_MAX_MS skips
@@ -102,9 +104,22 @@ for section in $sections; do
         --csv "$work/peers-backward.csv" > /dev/null 2>&1 || status=1
       python3 bench/sdpa_peers.py --pass decode --suites decode --dtypes f16,bf16 --causal no --backends flash,cudnn \
         --csv "$work/peers-decode.csv" > /dev/null 2>&1 || status=1
-      if ls .whl/flash_attn3_jax-*.whl > /dev/null 2>&1 &&
+      if [ -n "${FA_PEER_SITE:-}" ]; then  # FlashAttention-4, installed by bench/fa4_wheels.sh
+        for shape in $forward_shapes; do
+          say "FlashAttention-4 forward $shape"
+          python3 bench/sdpa_peers.py --pass forward --shape "$shape" --dtypes f16 --causal no --backends fa4 \
+            --csv "$work/fa4.csv" > /dev/null 2>&1 || status=1
+        done
+        say "FlashAttention-4 backward"
+        python3 bench/sdpa_peers.py --pass backward --suites backward --dtypes f16,bf16 --backends fa4 \
+          --csv "$work/fa4.csv" > /dev/null 2>&1 || status=1
+      else
+        echo "FlashAttention-4 not timed: FA_PEER_SITE is not set (see bench/fa4_wheels.sh)"
+      fi
+      fa3_wheel=${FA3_WHEEL:-$(ls .whl/flash_attn3_jax-*.whl 2> /dev/null | head -1)}
+      if [ -n "$fa3_wheel" ] &&
          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fa3-site \
-           .whl/flash_attn3_jax-*.whl > /dev/null 2>&1; then
+           "$fa3_wheel" > /dev/null 2>&1; then
         for shape in 4,1024,1024,8,8,128 4,4096,4096,16,16,128 1,16384,16384,16,16,128; do
           say "FlashAttention-3 $shape"
           pass=both

@@ -11,8 +11,9 @@
 #   bash bench/hopper_rounds.sh [ROUNDS]      (default 2; this tree built in build/ already)
 # FA_ROUND_STEPS: the steps to time (default 20,21,22,23,24); FA_ROUND_SHAPES: B,Nq,Nkv,Hq,Hkv,d list;
 # FA_ROUND_DTYPES (default f16,bf16); FA_ROUND_BENCH: another fa-bench to time the same way (an
-# earlier tree's, for an ablation), its rows tagged old; FA_ROUND_PASS: forward (default), backward or decode,
-# the peers' pass (fa-bench times each step's own; FlashAttention-3 is not timed for decode).
+# earlier tree's, for an ablation), its rows tagged old; FA_ROUND_PASS: forward (default), backward, both or
+# decode, the peers' pass (fa-bench times each step's own; FlashAttention-3 is not timed for decode); FA3_WHEEL:
+# the flash-attn3-jax wheel where it is not in .whl/ (a call that carries the FA4 wheels has no room for it).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/rounds"
@@ -24,9 +25,10 @@ read -r -a shapes <<< "${FA_ROUND_SHAPES:-4,4096,4096,16,16,128 1,16384,16384,16
 [ -x build/bench/fa-bench ] || { echo "build/bench/fa-bench is missing: build this tree first"; exit 1; }
 
 fa3=0
-if ls .whl/flash_attn3_jax-*.whl > /dev/null 2>&1; then
+fa3_wheel=${FA3_WHEEL:-$(ls .whl/flash_attn3_jax-*.whl 2> /dev/null | head -1)}
+if [ -n "$fa3_wheel" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fa3-site \
-    .whl/flash_attn3_jax-*.whl > "$OUT/rounds/fa3-install.log" 2>&1 && fa3=1
+    "$fa3_wheel" > "$OUT/rounds/fa3-install.log" 2>&1 && fa3=1
 fi
 [ "$fa3" = 1 ] || echo "FlashAttention-3 not timed: no flash-attn3-jax wheel in .whl/ (see bench/fa3_peer.py)"
 backends=flash,cudnn

@@ -396,7 +396,8 @@ PART_SHAPES = {
 }
 #: The peers each part's table shows, after its steps.
 PART_PEERS = {"cuda-cores": ["cublas"], "mma-sync": ["cublas", "sdpa-flash", "sdpa-cudnn"],
-              "hopper": ["cublas", "sdpa-flash", "sdpa-cudnn", "fa3"], "backward": ["sdpa-flash", "sdpa-cudnn", "fa3"],
+              "hopper": ["cublas", "sdpa-flash", "sdpa-cudnn", "fa3", "fa4"],
+              "backward": ["sdpa-flash", "sdpa-cudnn", "fa3", "fa4"],
               "decode": ["sdpa-flash", "sdpa-cudnn"]}
 
 

@@ -84,7 +84,14 @@ const char* kHelpAfterSuites = R"(
                                         trace: step 02's matrix trace, whole matrix vs diagonal only over
                                         PCIe, end to end, n x n for n = 1024 ... 16384; its own table and
                                         CSV (--csv, default fa-bench-trace.csv); other options do not apply
-  --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite (forward and backward steps)
+  --shape B,Nq,Nkv,Hq,Hkv,d             time this shape instead of a suite (forward and backward steps);
+                                        several: separated by spaces, in one argument
+  --decode                              time --shape as a decode shape (Nq new tokens a sequence over a
+                                        KV cache of Nkv keys; forward steps only): its rows say pass
+                                        "decode" and give GB/s, the suite column "decode"; with --causal
+                                        yes the mask is aligned bottom-right (new token i sees the keys up
+                                        to Nkv - Nq + i), timed when Nq > 1. Without --shape: the decode
+                                        suite
   --page-size N                         K and V as a paged cache, pages of N tokens in a shuffled order (as
                                         fa-run --random --page-size): only the steps that take pages are
                                         timed (--list); the suite column says decode-pages<N>. kv_len must
@@ -494,7 +501,7 @@ int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed",
                    "page-size"},
-                  {"help", "no-baseline", "resources", "list"});
+                  {"help", "no-baseline", "resources", "list", "decode"});
   if (args.has("help")) {
     std::cout << "usage: fa-bench [options]\n  --suite " << suite_names() << kHelpAfterSuites;
     return 0;
@@ -504,12 +511,23 @@ int run(int argc, char** argv) {
     return 0;
   }
   // Everything the options say is checked before the GPU is touched.
-  const std::string suite = known_suite(args.get("suite", "teaching"));
+  const bool decode = args.has("decode");
+  if (decode && args.has("suite") && args.get("suite", "") != "decode")
+    throw std::invalid_argument("--decode times decode shapes: --suite " + args.get("suite", "") +
+                                " is not one (give --shape B,Nq,Nkv,Hq,Hkv,d, or --suite decode)");
+  const std::string suite = known_suite(args.get("suite", decode ? "decode" : "teaching"));
   if (suite == "trace") return run_trace_suite(args.get("csv", "fa-bench-trace.csv"));
   std::vector<Shape> shapes;
   if (args.has("shape")) {
-    const auto v = Args::parse_ints(args.get("shape", ""), kShapeFields, "--shape");
-    shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, /*forward=*/true, /*backward=*/true});
+    std::istringstream list(args.get("shape", ""));
+    for (std::string text; list >> text;) {
+      const auto v = Args::parse_ints(text, kShapeFields, "--shape");
+      if (decode)  // forward steps only
+        shapes.push_back({"decode", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, true, false, {}, /*decode=*/true});
+      else
+        shapes.push_back({"custom", v[0], v[1], v[2], v[3], v[4], v[5], 1.0, /*forward=*/true, /*backward=*/true});
+    }
+    if (shapes.empty()) throw std::invalid_argument("--shape: expected B,Nq,Nkv,Hq,Hkv,d, got nothing");
   } else {
     shapes = suite_shapes(suite);
   }
@@ -576,8 +594,8 @@ int run(int argc, char** argv) {
     for (DType dtype : dtypes)
       for (bool causal : causals) {
         ++index;
-        // One new query per sequence: under the top-left mask it would see key 0 alone.
-        const bool timed = !(shape.decode && causal) && shape.takes(dtype) && ((baseline && shape.forward) ||
+        // A decode shape's mask is aligned bottom-right: with one new token it is no mask at all.
+        const bool timed = !(shape.decode && causal && shape.q_len == 1) && shape.takes(dtype) && ((baseline && shape.forward) ||
             std::any_of(steps.begin(), steps.end(), [&](const StepInfo* s) { return shape.has(s->pass); }));
         if (timed) plan.push_back({&shape, dtype, causal, index});
       }
@@ -594,6 +612,7 @@ int run(int argc, char** argv) {
     p.batch = shape.batch, p.q_len = shape.q_len, p.kv_len = shape.kv_len;
     p.q_heads = shape.q_heads, p.kv_heads = shape.kv_heads, p.head_dim = shape.head_dim;
     p.causal = planned.causal, p.dtype = planned.dtype;
+    if (shape.decode && p.causal) p.causal_align = CausalAlign::bottom_right;
     if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size);
     validate(p);
     const std::uint64_t config_seed = seed + planned.index;
@@ -644,10 +663,14 @@ int run(int argc, char** argv) {
       if (!step->runs_on(device_arch)) { skip("needs " + step->min_gpu() + ", this GPU is sm_" + std::to_string(device_arch)); continue; }
       if (!step->supports(p.dtype)) { skip(std::string("does not support ") + to_string(p.dtype)); continue; }
       if (!step->supports_head_dim(p.head_dim)) { skip("does not support head_dim " + std::to_string(p.head_dim)); continue; }
-      if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): pages, or a decode step's few new tokens
-        const int most = step->cache_forms.max_q_len;
-        skip(most > 0 && p.q_len > most ? "takes at most " + std::to_string(most) + " new tokens (q_len) a sequence"
-                                        : std::string("does not take a paged cache"));
+      if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): pages, the bottom-right mask, few new tokens
+        try {
+          refuse_cache_forms(step->label().c_str(), p, step->cache_forms);
+          skip("does not take this problem");
+        } catch (const InvalidProblem& refused) {  // "<label>: <field> = <value> is not supported; ..."
+          const std::string why = refused.what(), label = step->label() + ": ";
+          skip(why.rfind(label, 0) == 0 ? why.substr(label.size()) : why);
+        }
         continue;
       }
       if (pass == Pass::backward && !no_backward.empty()) { skip(no_backward); continue; }

@@ -59,28 +59,5 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-# One CSV: fa-bench's header once, each row with its round in front (column "round").
-python3 - "$OUT/rounds" "$OUT/rounds.csv" <<'EOF'
-import csv, glob, os, sys
-folder, out = sys.argv[1], sys.argv[2]
-rows, header = [], None
-for path in sorted(glob.glob(os.path.join(folder, "*.csv"))):
-    side, round_, _ = os.path.basename(path).split("-", 2)
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        head = next(reader, None)
-        if head is None:
-            continue
-        header = header or head
-        suite = header.index("suite")
-        for row in reader:
-            if side == "old":
-                row[1] = (row[1] + "-old") if row[1] else "old"
-            row[suite] = "round" + round_
-            rows.append(row)
-with open(out, "w", newline="") as f:
-    writer = csv.writer(f, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-print(f"{len(rows)} rows in {out}")
-EOF
+# One CSV: fa-bench's header once, each row with its round in the suite column (round1, round2, ...).
+python3 bench/merge_rounds.py "$OUT/rounds" "$OUT/rounds.csv"

@@ -39,6 +39,16 @@ each configuration on its first call (seconds); the warm-up calls take that, and
 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 keeps the compiled kernels on disk for the next process. Its causal
 mask is aligned bottom-right, the course's top-left: they agree when Nq = Nkv, and fa4 skips other causal
 shapes; it takes f16 and bf16.
+
+--pass decode times the forward on decode shapes (--suites decode, or --shape B,Nq,Nkv,Hq,Hkv,d with Nq new tokens
+a sequence over a cache of Nkv keys), rows with pass decode and the effective K/V bandwidth (gbps), as fa-bench
+--decode writes them. There the causal mask is aligned bottom-right (new token i sees keys j <= Nkv - Nq + i, the
+course's decode steps' and FlashAttention's), timed when Nq > 1: SDPA gets it as
+torch.nn.attention.bias.causal_lower_right, which a backend may refuse (the row is then skipped with its reason).
+Each call reads the next of enough copies of the cache to leave the L2 cache (3 x its size, 1 to 8), as fa-bench's
+do. --page-size N puts K and V in a paged cache for FlashAttention-4 (flash_attn_varlen_func with page_table and
+seqused_k): pages of N tokens, [pages, N, Hkv, d], each sequence's pages in a shuffled order (fa-bench --page-size
+does the same); the suite column says decode-pages<N>, and SDPA's backends, which take no pages, are skipped.
 """
 from __future__ import annotations
 
@@ -91,7 +101,8 @@ def parse_args(argv=None):
                         help="comma-separated: " + ", ".join(SUITES) + ", backward (fa-bench's backward shapes: "
                         "B=4 N=4096 H=16 d=64 and 128, B=1 N=16384 H=16 d=128) (default teaching,headline)")
     parser.add_argument("--shape", action="append", default=[],
-                        help="B,Nq,Nkv,Hq,Hkv,d instead of the suites (repeatable); suite column 'custom'")
+                        help="B,Nq,Nkv,Hq,Hkv,d instead of the suites (repeatable, or several separated by spaces); suite "
+                             "column 'custom' ('decode' with --pass decode)")
     parser.add_argument("--dtypes", default="f32,f16,bf16", help="comma-separated: f32, f16, bf16 (default all)")
     parser.add_argument("--causal", default="no,yes", help="comma-separated: no, yes (default both)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
@@ -105,6 +116,9 @@ def parse_args(argv=None):
                         help="forward (default), backward (" + ", ".join(BACKWARD_BACKENDS) + " only), both, or "
                              "decode (the forward without the mask, rows with pass decode and gbps; with --suites "
                              "decode)")
+    parser.add_argument("--page-size", type=int, default=0,
+                        help="--pass decode: K and V in a paged cache of pages of N tokens (fa4 only; default 0: "
+                             "contiguous)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -121,6 +135,8 @@ def parse_args(argv=None):
         for value in getattr(args, name).split(","):
             if value not in allowed:
                 parser.error(f"--{name}: unknown value '{value}', expected {', '.join(allowed)}")
+    if args.page_size < 0 or (args.page_size and args.passes != "decode"):
+        parser.error("--page-size: a number of tokens, 1 or more, with --pass decode (the decode steps' paged cache)")
     if not args.site and os.environ.get("FA_PEER_SITE"):
         args.site = os.environ["FA_PEER_SITE"].split(os.pathsep)
     return args
@@ -131,11 +147,13 @@ def plan(args):
     and the backward of one configuration next to each other; the backward for BACKWARD_BACKENDS only."""
     if args.shape:
         shapes = []
-        for text in args.shape:
+        for text in (item for arg in args.shape for item in arg.split()):  # several in one argument: spaces
             values = tuple(int(v) for v in text.split(","))
             if len(values) != 6 or min(values) < 1 or values[3] % values[4]:
                 sys.exit(f"--shape {text}: expected six positive sizes B,Nq,Nkv,Hq,Hkv,d with Hkv dividing Hq")
-            shapes.append(("custom", values))
+            if args.page_size and values[2] % args.page_size:
+                sys.exit(f"--shape {text}: --page-size {args.page_size} does not divide Nkv = {values[2]}")
+            shapes.append(("decode" if args.passes == "decode" else "custom", values))
     else:
         shapes = []
         for suite in args.suites.split(","):
@@ -147,13 +165,17 @@ def plan(args):
                 shapes.append((suite, SUITES[suite]))
             else:
                 sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}, backward, decode")
+    if args.page_size:
+        shapes = [(f"{suite}-pages{args.page_size}", shape) for suite, shape in shapes]
     return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes
             for dtype in args.dtypes.split(",")
             for causal in args.causal.split(",")
             for backend in args.backends.split(",")
             for pass_ in PEER_PASSES[args.passes]
-            if (pass_ != "backward" or backend in BACKWARD_BACKENDS) and not (pass_ == "decode" and causal == "yes")]
+            # a decode shape's mask is aligned bottom-right: with one new token it is no mask at all
+            if (pass_ != "backward" or backend in BACKWARD_BACKENDS)
+            and not (pass_ == "decode" and causal == "yes" and shape[1] == 1)]
 
 
 def flops(shape, causal: bool, pass_: str = "forward") -> float:
@@ -183,13 +205,13 @@ def step_name(backend: str) -> str:
     return backend if backend in LIBRARIES else f"sdpa-{backend}"
 
 
-def refusal(backend: str, shape, dtype: str, causal: bool):
-    """Why a library peer does not take a configuration (None when it does): checked before any call."""
+def refusal(backend: str, shape, dtype: str, causal: bool, pass_: str = "forward", page_size: int = 0):
+    """Why a peer does not take a configuration (None when it does): checked before any call."""
     if backend != "fa4":
-        return None
+        return "SDPA takes no paged cache" if page_size else None
     if dtype == "f32":
         return "FlashAttention-4 takes f16 and bf16"
-    if causal and shape[1] != shape[2]:
+    if causal and shape[1] != shape[2] and pass_ != "decode":
         return "FlashAttention-4 aligns the causal mask bottom-right, the course top-left; they agree only when Nq = Nkv"
     return None
 
@@ -236,8 +258,81 @@ class Inputs:
         self.gqa = q_heads != kv_heads
 
 
-def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
-    """float64 attention output of the sampled rows (b, i, h): tensor [len(rows), d]."""
+class DecodeCache:
+    """One copy of a decode shape's K/V cache: contiguous ([B, Nkv, Hkv, d], k and v), or paged: pages of page_size
+    tokens ([pages, page_size, Hkv, d]), sequence b's page p at page_table[b, p], the pages in a shuffled order, and
+    every sequence's length in lens (FlashAttention's seqused_k)."""
+
+    def __init__(self, torch, inputs: Inputs, page_size: int, seed: int):
+        self.page_table = self.lens = None
+        if not page_size:
+            self.k, self.v = inputs.k.clone(), inputs.v.clone()
+            return
+        batch, kv_len, kv_heads, head_dim = inputs.k.shape
+        pages = batch * (kv_len // page_size)
+        # Logical page n (sequence n // (Nkv / page_size)) is stored at physical page order[n].
+        order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).to("cuda")
+        self.k, self.v = (torch.empty(pages, page_size, kv_heads, head_dim, dtype=x.dtype, device="cuda")
+                          for x in (inputs.k, inputs.v))
+        self.k[order] = inputs.k.reshape(pages, page_size, kv_heads, head_dim)
+        self.v[order] = inputs.v.reshape(pages, page_size, kv_heads, head_dim)
+        self.page_table = order.reshape(batch, kv_len // page_size).to(torch.int32)
+        self.lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+
+    def bytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x in (self.k, self.v))
+
+
+def decode_call(torch, backend: str, q, cache: DecodeCache, causal: bool, gqa: bool):
+    """A call with no arguments that attends q ([B, Nq, Hq, d]) over one copy of the cache, the mask (when causal)
+    aligned bottom-right; returns O [B, Nq, Hq, d]. Call it inside the backend's sdpa_kernel context."""
+    if backend == "fa4":
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func  # imported in main() first
+
+        if cache.page_table is None:
+            return lambda: flash_attn_func(q, cache.k, cache.v, causal=causal)[0]
+        return lambda: flash_attn_varlen_func(q, cache.k, cache.v, page_table=cache.page_table,
+                                              seqused_k=cache.lens, causal=causal)[0]
+    import torch.nn.functional as F
+
+    kwargs = {"enable_gqa": True} if gqa else {}
+    if causal:
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs["attn_mask"] = causal_lower_right(q.shape[1], cache.k.shape[1])
+    k, v = cache.k.transpose(1, 2), cache.v.transpose(1, 2)
+    return lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k, v, **kwargs).transpose(1, 2)
+
+
+def measure_decode(torch, backend: str, inputs: Inputs, shape, causal: bool, args):
+    """(median ms, min ms, max ms, reps, extra bytes, rel_err, max_err) of one peer on one decode configuration:
+    each call on the next of enough copies of the cache to leave the L2 cache (3 x its size, 1 to 8, as fa-bench),
+    contiguous or paged (--page-size). rel_err and max_err: sampled rows against float64, bottom-right mask.
+
+    Raises RuntimeError when the selected backend has no kernel for it."""
+    caches = [DecodeCache(torch, inputs, args.page_size, args.seed)]
+    copies = max(1, min(8, -(-3 * l2_cache_bytes(torch) // caches[0].bytes())))
+    caches += [DecodeCache(torch, inputs, args.page_size, args.seed + n) for n in range(1, copies)]
+    calls = [decode_call(torch, backend, inputs.q, cache, causal, inputs.gqa) for cache in caches]
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = calls[0]()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+
+    rows = sampled_rows(torch, shape, args)
+    got = torch.stack([out[b, i, h].double() for b, i, h in rows])
+    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows, bottom_right=True))
+    del out
+    return (*event_times(torch, lambda n: calls[n % len(calls)](), args), max(0, extra), rel_err, max_err)
+
+
+def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows, bottom_right: bool = False):
+    """float64 attention output of the sampled rows (b, i, h): tensor [len(rows), d]; the causal mask top-left, or
+    bottom-right (a decode shape's: new token i sees keys j <= Nkv - Nq + i)."""
     head_dim = shape[5]
     group = shape[3] // shape[4]
     out = []
@@ -246,8 +341,8 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows):
         k = inputs.k[b, :, h // group].double()
         v = inputs.v[b, :, h // group].double()
         scores = (k @ q) / math.sqrt(head_dim)
-        if causal:
-            scores[i + 1:] = -math.inf  # top-left aligned: query i sees keys j <= i
+        if causal:  # top-left aligned: query i sees keys j <= i; bottom-right: j <= Nkv - Nq + i
+            scores[i + 1 + (shape[2] - shape[1] if bottom_right else 0):] = -math.inf
         out.append(torch.softmax(scores, dim=0) @ v)
     return torch.stack(out)
 
@@ -423,7 +518,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(",".join(COLUMNS))
         for suite, shape, dtype, causal, backend, pass_ in measurements:
-            why = refusal(backend, shape, dtype, causal)
+            why = refusal(backend, shape, dtype, causal, pass_, args.page_size)
             print(f"would {'skip' if why else 'time'} {step_name(backend):<14} {pass_:<8} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = "
                   f"{','.join(map(str, shape))} causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, "
                   f"median of {args.reps}" + (f" ({why})" if why else ""))
@@ -465,7 +560,7 @@ def main(argv=None) -> int:
             what = (f"{step_name(backend):<14} {suite:<8} {dtype} {','.join(map(str, shape))} "
                     f"causal={'yes' if causal else 'no'}" + ("" if pass_ == "forward" else f" {pass_}"))
             timed = measure_backward if pass_ == "backward" else measure
-            why = refusal(backend, shape, dtype, causal)
+            why = refusal(backend, shape, dtype, causal, pass_, args.page_size)
             if why:
                 print(f"skip {what}: {why}")
                 continue
@@ -477,9 +572,13 @@ def main(argv=None) -> int:
                 with warnings.catch_warnings(record=True) as caught, \
                         (sdpa_kernel([member]) if member is not None else contextlib.nullcontext()):
                     warnings.simplefilter("always")
-                    attend = attention_call(torch, backend, inputs, causal)
-                    ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, attend, inputs, shape, causal,
-                                                                             args)
+                    if pass_ == "decode":
+                        ms, ms_min, ms_max, reps, extra, rel_err, max_err = measure_decode(torch, backend, inputs,
+                                                                                          shape, causal, args)
+                    else:
+                        attend = attention_call(torch, backend, inputs, causal)
+                        ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, attend, inputs, shape,
+                                                                                 causal, args)
             except Exception as error:  # noqa: BLE001  a library peer's refusals are its own exception types
                 if backend in BACKENDS and not isinstance(error, (RuntimeError, torch.cuda.OutOfMemoryError)):
                     raise

@@ -378,6 +378,57 @@ def fig_accuracy(rows):
     return fig, None
 
 
+def fig_decode_roofline(rows):
+    """The decode roofline (bench/decode_roofline.sh): effective bandwidth against the bytes of K and V a call reads,
+    one panel per page size, a line per number of new tokens (dashed: the bottom-right causal mask), for the fastest
+    course step of each configuration (of caches of equal bytes, B x kv_len alike, the faster); medians over the
+    rounds; the HBM read ceiling of the same run as a line."""
+    import matplotlib.pyplot as plt
+
+    decode = [r for r in rows if r["pass"] == "decode" and r["suite"].startswith("round") and not is_peer(r)]
+    if not decode:
+        return None, "no decode rows of alternating rounds (suite round<k>, bench/decode_roofline.sh)"
+    read = [r["gbps"] / 1000 for r in select(rows, step="hbm-read", **{"pass": "ceiling"})]
+
+    def pages(r):
+        return int(r["suite"].split("-pages")[1]) if "-pages" in r["suite"] else 0
+
+    times: dict = {}
+    for r in decode:
+        key = (pages(r), r["q_len"], r["causal"], 2 * r["batch"] * r["kv_len"] * r["kv_heads"] * r["head_dim"] * 2,
+               r["step"])
+        times.setdefault(key, []).append(r["gbps"] / 1000)
+    best: dict = {}
+    for (ps, q_len, causal, size, _), values in times.items():
+        v = sorted(values)[len(values) // 2]
+        best[(ps, q_len, causal, size)] = max(best.get((ps, q_len, causal, size), 0.0), v)
+    panels = sorted({k[0] for k in best})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4.2), squeeze=False, sharey=True,
+                             constrained_layout=True)
+    tokens = sorted({k[1] for k in best})
+    for ax, ps in zip(axes[0], panels):
+        for n, q_len in enumerate(tokens):
+            for causal in (0, 1):
+                points = sorted((size / 2**20, v) for (p, q, c, size), v in best.items()
+                                if p == ps and q == q_len and c == causal)
+                if points:
+                    colour = plt.cm.viridis(0.85 * n / max(1, len(tokens) - 1))
+                    ax.plot(*zip(*points), marker="o", ls="--" if causal else "-", color=colour,
+                            label=f"{q_len} new token{'s' if q_len > 1 else ''}" + (", causal" if causal else ""))
+        if read:
+            ax.axhline(sorted(read)[len(read) // 2], color="black", lw=1, ls=":", label="HBM read ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("K and V read per call (MiB, log2)")
+        ax.set_title(f"pages of {ps} tokens" if ps else "contiguous cache")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("TB/s (K and V read once / time)")
+    axes[0][-1].legend(fontsize=7)
+    heads = sorted({(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in decode})
+    fig.suptitle(f"Decode roofline, the fastest step, heads {', '.join(f'{a}/{b} d={c}' for a, b, c in heads)}, "
+                 f"{_gpus(decode)}")
+    return fig, None
+
+
 #: The course run's shapes that stand for the teaching and headline suites (B, Nq, Nkv, Hq, Hkv, d).
 COURSE_SUITES = {(4, 1024, 1024, 8, 8, 64): "teaching", (4, 4096, 4096, 16, 16, 64): "headline"}
 
@@ -402,6 +453,10 @@ FIGURES = OrderedDict([
     ("memory_sweep.png", fig_memory_sweep),
     ("accuracy.png", fig_accuracy),
 ])
+#: Figures drawn from every row (decode and ceilings), not only the forward's.
+ALL_ROWS_FIGURES = OrderedDict([
+    ("decode_roofline.png", fig_decode_roofline),
+])
 
 
 def render(paths, out_dir: str, dpi: int = 110, course: bool = False, only=None) -> list[str]:
@@ -409,16 +464,16 @@ def render(paths, out_dir: str, dpi: int = 110, course: bool = False, only=None)
     written. The figures are the forward's: backward rows are left out. `course`: see course_suites."""
     import matplotlib.pyplot as plt
 
-    rows = load(paths)
+    every = load(paths)
     if course:
-        rows = course_suites(rows)
-    rows = select(rows, **{"pass": "forward"})
+        every = course_suites(every)
+    rows = select(every, **{"pass": "forward"})
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for name, make in FIGURES.items():
+    for name, make in [*FIGURES.items(), *ALL_ROWS_FIGURES.items()]:
         if only and name not in only:
             continue
-        fig, why_not = make(rows)
+        fig, why_not = make(every if name in ALL_ROWS_FIGURES else rows)
         if fig is None:
             print(f"skipped {name}: {why_not}")
             continue
@@ -438,12 +493,12 @@ def main(argv=None) -> int:
     parser.add_argument("--course", action="store_true", help="the CSV is the course's one run (course_run.sh): "
                         "its teaching and headline shapes at d = 64 stand for those suites")
     parser.add_argument("--only", default="", help="comma-separated figure names to write (default: all), one of "
-                        + ", ".join(FIGURES))
+                        + ", ".join([*FIGURES, *ALL_ROWS_FIGURES]))
     args = parser.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
-    unknown = [n for n in only if n not in FIGURES]
+    unknown = [n for n in only if n not in FIGURES and n not in ALL_ROWS_FIGURES]
     if unknown:
-        parser.error(f"--only: unknown figure(s) {', '.join(unknown)}; expected some of {', '.join(FIGURES)}")
+        parser.error(f"--only: unknown figure(s) {', '.join(unknown)}; expected some of {', '.join([*FIGURES, *ALL_ROWS_FIGURES])}")
     paths = args.csv or sorted(glob.glob(os.path.join(REPO, "docs", "results", "*.csv")))
     if not paths:
         parser.error("no CSV given and none in docs/results/")

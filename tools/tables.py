@@ -377,6 +377,53 @@ def pages(rows, steps=()) -> str:
     return "\n".join(lines)
 
 
+def roofline(rows, steps=()) -> str:
+    """The decode roofline (bench/decode_roofline.sh): per cache (B, kv_len), new tokens and mask, each listed decode
+    step's (default: every one in the rows) and each peer's effective bandwidth in TB/s on the contiguous cache and on
+    every page size, medians over the rounds (suites round<k> and round<k>-pages<N>); then the fastest step's
+    contiguous bandwidth over the HBM read ceiling measured in the same run (the row hbm-read, pass ceiling), and its
+    smallest page's over its contiguous cache's."""
+    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
+    ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
+    read = _median(ceiling) if ceiling else None
+    steps = list(steps) or sorted({r["step"] for r in picked if not plots.is_peer(r)}, key=plots.order_key)
+    peers = [p for p in PEER_COLUMN if any(r["step"] == p for r in picked)]
+
+    def page_size(suite):
+        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
+
+    def config(r):
+        return (r["batch"], r["kv_len"], r["q_len"], r["causal"], r["q_heads"], r["kv_heads"], r["head_dim"],
+                r["dtype"])
+
+    tbps: dict = {}
+    for r in picked:
+        if r["step"] in steps or r["step"] in peers:
+            tbps.setdefault((config(r), r["step"], page_size(r["suite"])), []).append(r["gbps"] / 1000)
+    med = {k: _median(v) for k, v in tbps.items()}
+    columns = [(name, ps) for name in steps + peers for ps in sorted({k[2] for k in med if k[1] == name})]
+    head = (["B", "kv_len", "new tokens", "mask", "heads", "d", "dtype"]
+            + [PEER_COLUMN.get(n, n) + (f" p{ps}" if ps else "") for n, ps in columns]
+            + ["best step", "/ read ceiling", "paged / contiguous"])
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---:|" * 3 + "---|---:|---:|---|" + "---:|" * len(columns) + "---|---:|---:|"]
+    for cfg in sorted({config(r) for r in picked}):
+        b, n, q_len, causal, hq, hkv, d, dtype = cfg
+        ours = [(med[(cfg, s, 0)], s) for s in steps if (cfg, s, 0) in med]
+        best, best_step = max(ours) if ours else (None, "–")
+        sizes = sorted(ps for (c, s, ps) in med if c == cfg and s == best_step and ps > 0)
+        paged = f"{_fmt(med[(cfg, best_step, sizes[0])] / best)}×" if best and sizes else "–"
+        lines.append(f"| {b} | {n} | {q_len} | {'bottom-right' if causal else 'none'} | {hq}/{hkv} | {d} | {dtype} | "
+                     + " | ".join(_fmt(med.get((cfg, name, ps))) for name, ps in columns)
+                     + f" | {best_step} | {_fmt(best / read) + '×' if best and read else '–'} | {paged} |")
+    rounds = sorted({r["suite"].split("-pages")[0] for r in picked})
+    lines.append(f"\nDecode: TB/s of K and V read once, medians of {len(rounds)} alternating round(s); pN: pages of N "
+                 f"tokens in a shuffled order; the read ceiling (a read-only sum over 2 GiB, same run): "
+                 + (f"{_fmt(read)} TB/s" if read else "not in the rows") + "; paged / contiguous: the best step's "
+                 "smallest page against its contiguous cache.")
+    return "\n".join(lines)
+
+
 #: Where each part of the course is timed (bench/course_run.sh records them all in one run): its pass, then its
 #: columns, (title, (B, Nq, Nkv, Hq, Hkv, d)); the first is the shape where the part's lessons act, the others
 #: are beside it (the other head_dim; the backward's CUDA-core steps at the teaching shape). The parts and
@@ -547,7 +594,7 @@ def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages", "parts"])
+                                          "pages", "roofline", "parts"])
     parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
                         "CUDA-core steps' chain)")
     parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
@@ -588,6 +635,9 @@ def main(argv=None) -> int:
         return 0
     if args.table == "pages":
         print(pages(plots.load(paths), steps))
+        return 0
+    if args.table == "roofline":
+        print(roofline(plots.load(paths), steps))
         return 0
     rows = load(paths)
     if args.table == "times":

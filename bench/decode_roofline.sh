@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The decode roofline of this GPU, in one command: the effective bandwidth (K and V read once, over the time) of the
+# decode steps over batch x cache length x new tokens x page size, with the HBM read ceiling measured in the same run
+# (bench/ceilings.py) and the peers on the same caches: cuDNN through SDPA (contiguous caches) and FlashAttention-4
+# (contiguous and paged, where FA_PEER_SITE names the folder bench/fa4_wheels.sh installed it into). Alternating
+# rounds (the steps, then the peers, per page size), as bench/hopper_rounds.sh times the training kernels.
+#
+#   bash bench/decode_roofline.sh [ROUNDS]      (default 2; this tree built in build/ already)
+#
+# Every round's rows go to $OUT/roofline.csv (fa-bench's columns; the suite column round<k>, or round<k>-pages<N>
+# on pages of N tokens), the ceilings' too (suite ceiling); the medians over the rounds:
+#   python3 tools/tables.py roofline --csv $OUT/roofline.csv
+# With several new tokens each configuration is timed without the mask and with the bottom-right causal mask.
+# FA_ROOFLINE_STEPS: decode steps (default 46); FA_ROOFLINE_CACHES: B,Nkv pairs (default below: 1 to 64 sequences,
+# 2,048 to 131,072 keys, at most 2^18 keys in all: fa-bench draws each configuration's inputs on the host);
+# FA_ROOFLINE_TOKENS: new tokens (default 1 2 4 8);
+# FA_ROOFLINE_PAGES: page sizes, 0 for a contiguous cache (default 0 16 64 256); FA_ROOFLINE_HEADS: Hq,Hkv,d
+# (default 32,8,128); FA_ROOFLINE_DTYPES (default f16).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+rounds=${1:-2}
+steps=${FA_ROOFLINE_STEPS:-46}
+read -r -a caches <<< "${FA_ROOFLINE_CACHES:-1,8192 1,32768 1,131072 8,2048 8,8192 8,32768 64,2048 64,4096}"
+read -r -a tokens <<< "${FA_ROOFLINE_TOKENS:-1 2 4 8}"
+read -r -a pages <<< "${FA_ROOFLINE_PAGES:-0 16 64 256}"
+IFS=, read -r q_heads kv_heads head_dim <<< "${FA_ROOFLINE_HEADS:-32,8,128}"
+dtypes=${FA_ROOFLINE_DTYPES:-f16}
+work=$OUT/roofline
+rm -rf "$work"; mkdir -p "$work"
+[ -x build/bench/fa-bench ] || { echo "build/bench/fa-bench is missing: build this tree first"; exit 1; }
+
+shapes=""
+for cache in "${caches[@]}"; do
+  for n in "${tokens[@]}"; do shapes+="${cache%%,*},$n,${cache##*,},$q_heads,$kv_heads,$head_dim "; done
+done
+backends=cudnn
+if [ -n "${FA_PEER_SITE:-}" ]; then backends=cudnn,fa4; else echo "FlashAttention-4 not timed: FA_PEER_SITE is not set"; fi
+
+status=0
+python3 bench/ceilings.py --csv "$OUT/roofline-ceilings.csv" > "$OUT/roofline-ceilings.txt" 2>&1 || { status=1; tail -3 "$OUT/roofline-ceilings.txt"; }
+for round in $(seq 1 "$rounds"); do
+  for page in "${pages[@]}"; do
+    paging=(); [ "$page" = 0 ] || paging=(--page-size "$page")
+    echo "== round $round: steps $steps, pages of ${page/#0/no}"
+    build/bench/fa-bench --decode --shape "$shapes" --steps "$steps" --dtypes "$dtypes" --causal both --no-baseline \
+      "${paging[@]}" --csv "$work/steps-$round-$page.csv" > "$work/steps-$round-$page.txt" 2>&1 ||
+      { status=1; tail -3 "$work/steps-$round-$page.txt"; }
+    echo "== round $round: peers, pages of ${page/#0/no}"
+    peers=$backends; [ "$page" = 0 ] || peers=${backends/cudnn,/}
+    [ "$page" = 0 ] || [ "$peers" != cudnn ] || continue  # SDPA takes no paged cache
+    python3 bench/sdpa_peers.py --pass decode --shape "$shapes" --dtypes "$dtypes" --causal no,yes \
+      --backends "$peers" "${paging[@]}" --csv "$work/peers-$round-$page.csv" > "$work/peers-$round-$page.txt" 2>&1 ||
+      { status=1; tail -3 "$work/peers-$round-$page.txt"; }
+  done
+done
+python3 bench/merge_rounds.py "$work" "$OUT/roofline.csv.tmp" > /dev/null || status=1
+# The ceilings keep their suite (merge_rounds.py gives every file's rows a round): one CSV, the ceilings first.
+{ cat "$OUT/roofline-ceilings.csv" 2> /dev/null || head -1 "$OUT/roofline.csv.tmp"; tail -n +2 "$OUT/roofline.csv.tmp"; } > "$OUT/roofline.csv"
+rm -f "$OUT/roofline.csv.tmp"
+echo "$(($(wc -l < "$OUT/roofline.csv") - 1)) rows in $OUT/roofline.csv"
+exit $status

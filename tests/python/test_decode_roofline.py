@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The decode roofline's CPU parts (bench/decode_roofline.sh): the peers' plan of decode shapes with several new tokens
+and paged caches, the merge of alternating rounds into one CSV, and the roofline table's medians and ratios.
+Plain asserts, no pytest, no torch.
+"""
+import contextlib
+import csv
+import io
+import os
+import sys
+import tempfile
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import ceilings  # noqa: E402
+import merge_rounds  # noqa: E402
+import plots  # noqa: E402
+import sdpa_peers  # noqa: E402
+import tables  # noqa: E402
+
+# The plan: a decode shape's causal mask is bottom-right, so one new token is timed without it alone; several new
+# tokens with both; pages rename the suite and leave SDPA out with a reason, FA4 in; shapes may come in one argument.
+args = sdpa_peers.parse_args(["--dry-run", "--pass", "decode", "--shape", "8,1,8192,32,8,128 8,4,8192,32,8,128",
+                              "--dtypes", "f16", "--backends", "cudnn,fa4", "--page-size", "16"])
+plan = sdpa_peers.plan(args)
+assert {(s[1][1], s[3]) for s in plan} == {(1, False), (4, False), (4, True)}, plan
+assert {s[0] for s in plan} == {"decode-pages16"}, plan
+assert sdpa_peers.refusal("cudnn", (8, 4, 8192, 32, 8, 128), "f16", True, "decode", 16) == "SDPA takes no paged cache"
+assert sdpa_peers.refusal("fa4", (8, 4, 8192, 32, 8, 128), "f16", True, "decode", 16) is None
+assert sdpa_peers.refusal("cudnn", (8, 4, 8192, 32, 8, 128), "f16", True, "decode", 0) is None
+# Outside decode FA4's bottom-right mask is not the course's top-left one: refused where they differ.
+assert sdpa_peers.refusal("fa4", (1, 4, 8192, 4, 4, 64), "f16", True, "forward") is not None
+for bad in (["--pass", "forward", "--page-size", "16"], ["--pass", "decode", "--page-size", "-1"]):
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            sdpa_peers.parse_args(["--dry-run", *bad])
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError(f"sdpa_peers.py accepted {bad}")
+
+# Two rounds of a step and a peer, contiguous and on pages of 16, merged: suites round<k> and round<k>-pages16; the
+# table's medians, the best step over the read ceiling, and its paged bandwidth over its contiguous one.
+shape = (8, 4, 8192, 32, 8, 128)
+kv_bytes = 2 * 8 * 8192 * 8 * 128 * 2
+
+
+def row(step, ms, suite, causal=True):
+    return sdpa_peers.peer_row(step, "f16", shape, causal, suite, "GPU", ms, ms, ms, 15, 0, 1e-3, 1e-3, "decode")
+
+
+with tempfile.TemporaryDirectory() as folder:
+    work = os.path.join(folder, "roofline")
+    os.makedirs(work)
+    timings = {("steps", 1, 0): ("46", 0.100, "decode"), ("steps", 2, 0): ("46", 0.110, "decode"),
+               ("steps", 1, 16): ("46", 0.125, "decode-pages16"), ("steps", 2, 16): ("46", 0.125, "decode-pages16"),
+               ("peers", 1, 0): ("fa4", 0.200, "decode"), ("peers", 2, 0): ("fa4", 0.200, "decode")}
+    for (side, round_, page), (step, ms, suite) in timings.items():
+        with open(os.path.join(work, f"{side}-{round_}-{page}.csv"), "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(plots.COLUMNS)
+            writer.writerow(row(step, ms, suite))
+    out = os.path.join(folder, "roofline.csv")
+    assert merge_rounds.merge(work, out) == 6
+    with open(out, newline="") as f:
+        suites = sorted(r["suite"] for r in csv.DictReader(f))
+    assert suites == ["round1", "round1", "round1-pages16", "round2", "round2", "round2-pages16"], suites
+    with open(out, "a", newline="") as f:  # the read ceiling of the same run: 4 TB/s
+        csv.writer(f, lineterminator="\n").writerow(ceilings.row("hbm-read", "GPU", 1.0, 1.0, 1.0, 15, gbps="4000"))
+    table = tables.roofline(plots.load([out]))
+    line = next(t for t in table.splitlines() if t.startswith("| 8 | 8192 | 4 | bottom-right"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    median = kv_bytes / (0.105 * 1e6) / 1000  # TB/s at the median time of the two rounds
+    assert abs(float(cells[7]) - median) < 0.01, (cells, median)               # 46, contiguous
+    assert abs(float(cells[8]) - kv_bytes / (0.125 * 1e6) / 1000) < 0.01, cells      # 46 on pages of 16
+    assert abs(float(cells[9]) - kv_bytes / (0.2 * 1e6) / 1000) < 0.01, cells        # FA4
+    assert cells[10] == "46" and abs(float(cells[11].rstrip("×")) - median / 4) < 0.005, cells
+    assert abs(float(cells[12].rstrip("×")) - 0.105 / 0.125) < 0.005, cells
+    assert "2 alternating round(s)" in table and "4 TB/s" in table, table
+print("decode roofline: plan, merge and table as expected")

@@ -94,14 +94,21 @@ std::string dtype_list(const StepInfo& s) {
 std::string head_dim_list(const StepInfo& s) {
   return join(s.head_dims, [](int d) { return std::to_string(d); });
 }
-/// " [KV cache: per-sequence lengths, pages, q_len <= 8]": the KV-cache forms a step takes, or "" for none.
+/// " [KV cache: per-sequence lengths, pages, q_len <= 8]": the KV-cache forms a step takes, then " [features:
+/// sliding window, soft-cap, sinks]": the models' features it takes; "" for none.
 std::string cache_note(const StepInfo& s) {
   std::vector<std::string> forms;
   if (s.cache_forms.kv_lens) forms.push_back("per-sequence lengths");
   if (s.cache_forms.paged) forms.push_back("pages");
   if (s.cache_forms.bottom_right) forms.push_back("bottom-right causal");
   if (s.cache_forms.max_q_len > 0) forms.push_back("q_len <= " + std::to_string(s.cache_forms.max_q_len));
-  return forms.empty() ? "" : " [KV cache: " + join(forms, [](const std::string& f) { return f; }) + "]";
+  std::vector<std::string> features;
+  if (s.features.window) features.push_back("sliding window");
+  if (s.features.softcap) features.push_back("soft-cap");
+  if (s.features.sinks) features.push_back("sinks");
+  const auto listed = [](const std::string& f) { return f; };
+  return (forms.empty() ? "" : " [KV cache: " + join(forms, listed) + "]") +
+         (features.empty() ? "" : " [features: " + join(features, listed) + "]");
 }
 }  // namespace
 
@@ -130,6 +137,7 @@ void refuse_unsupported(const StepInfo& step, const AttentionProblem& p) {
     throw std::invalid_argument("step " + step.label() + " takes head_dim " + head_dim_list(step) + ", not " +
                                 std::to_string(p.head_dim) + " (" + p.describe() + ")");
   refuse_cache_forms(("step " + step.label()).c_str(), p, step.cache_forms);
+  refuse_features(("step " + step.label()).c_str(), p, step.features);
 }
 
 int main_guarded(const char* tool, int (*run)(int, char**), int argc, char** argv) {

@@ -666,6 +666,7 @@ int run(int argc, char** argv) {
       if (!step->supports(p)) {  // the KV cache's forms (problem.hpp): pages, the bottom-right mask, few new tokens
         try {
           refuse_cache_forms(step->label().c_str(), p, step->cache_forms);
+          refuse_features(step->label().c_str(), p, step->features);
           skip("does not take this problem");
         } catch (const InvalidProblem& refused) {  // "<label>: <field> = <value> is not supported; ..."
           const std::string why = refused.what(), label = step->label() + ": ";

@@ -315,6 +315,7 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     fa::kit::refuse_unsupported(call.name.c_str(), p, takes);
   }
   fa::refuse_cache_forms(call.name.c_str(), p, step.cache_forms);
+  fa::refuse_features(call.name.c_str(), p, step.features);
   call.t.q = q.data(), call.t.k = k.data(), call.t.v = v.data();
   if (page_table) call.t.page_table = static_cast<const int*>(page_table->data());
   if (kv_lens) call.t.kv_lens = static_cast<const int*>(kv_lens->data());

@@ -7,7 +7,10 @@
 /// O = 0 and LSE = -inf. K and V are always in the contiguous layout here: for a paged problem, the pages gathered
 /// in each sequence's order. The softmax subtracts the row maximum before exponentiating, so no score overflows.
 /// The row log-sum-exp LSE[b,h,i] = ln sum_j exp(scale * Q[b,i,h,:]·K[b,j,h/g,:]) over the same keys,
-/// and the backward's dQ, dK and dV, are computed here too, also in double.
+/// and the backward's dQ, dK and dV, are computed here too, also in double. The models' features
+/// (problem.hpp): a window bounds each row's keys (AttentionProblem::keys_range); soft-capping turns each score
+/// s into softcap tanh(s / softcap); sinks (values passed as `sinks`, one a query head) add exp(sink_h) to each
+/// row's sum, and so to its LSE, with no value; their gradient is ReferenceGradients::dsinks.
 #pragma once
 
 #include "fa/problem.hpp"
@@ -22,33 +25,39 @@ namespace fa {
 /// (natural log, computed as max + ln sum exp(score - max), so it never overflows).
 double reference_attention_row(const AttentionProblem& p, const double* q, const double* k,
                                const double* v, int b, int i, int h, double* out_row,
-                               double* lse = nullptr);
+                               double* lse = nullptr, const std::vector<double>* sinks = nullptr);
 
 /// The whole output, rows spread over the machine's cores. Validates p.
 /// With max_abs_score, also the largest |score| of the whole problem (the
 /// tolerances grow with it: see tolerance_for). With lse, also the row
 /// log-sum-exp, resized to [batch, q_heads, q_len] (p.lse_elements()), in the same pass.
 /// Throws std::invalid_argument naming the tensor whose size does not match p.
+/// With p.sinks, `sinks` holds the q_heads sink logits (std::invalid_argument without them, or with them and no
+/// p.sinks).
 std::vector<double> reference_attention(const AttentionProblem& p, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v,
-                                        double* max_abs_score = nullptr, std::vector<double>* lse = nullptr);
+                                        double* max_abs_score = nullptr, std::vector<double>* lse = nullptr,
+                                        const std::vector<double>* sinks = nullptr);
 
 /// The row log-sum-exp alone (V is not needed): LSE[b,h,i] = ln sum_j exp(scale q_i·k_j) over the
 /// keys row i sees, [batch, q_heads, q_len], computed stably (row maximum first). Validates p and the sizes.
 std::vector<double> reference_lse(const AttentionProblem& p, const std::vector<double>& q,
-                                  const std::vector<double>& k);
+                                  const std::vector<double>& k, const std::vector<double>* sinks = nullptr);
 
 /// dQ, dK and dV in double.
 struct ReferenceGradients {
   std::vector<double> dq;  ///< dQ, [batch, q_len, q_heads, head_dim]
   std::vector<double> dk;  ///< dK, [batch, kv_len, kv_heads, head_dim], summed over the KV head's group
   std::vector<double> dv;  ///< dV, [batch, kv_len, kv_heads, head_dim], summed over the KV head's group
+  std::vector<double> dsinks;  ///< d/dsink_h, [q_heads], with sinks (empty without)
 };
 
 /// The gradients of L = sum(O * dO), O = softmax(scale Q Kᵀ, masked) V, in double at exact P and O:
 /// dV_j = sum_i P_ij dO_i; dP_ij = dO_i·V_j; D_i = dO_i·O_i; dS_ij = P_ij (dP_ij - D_i);
 /// dQ_i = scale sum_j dS_ij K_j; dK_j = scale sum_i dS_ij Q_i (i over every query row, of every
 /// query head of the KV head's group, that sees key j). A key no row sees (causal, j >= q_len) gets 0.
+/// Under soft-capping dS_ij also takes the cap's slope 1 - (s_ij / softcap)^2 (s_ij the capped score); with sinks
+/// P_ij = exp(s_ij - LSE_i) with the sink in LSE_i, and dsink_h = -sum_i exp(sink_h - LSE_i) D_i.
 ///
 /// Two passes, each spread over the machine's cores: one over query rows (b, i, h) computes P, O, LSE_i,
 /// D_i and dQ_i (dQ_i needs D_i, which needs the whole row); one over keys (b, j, kv_head) recomputes
@@ -59,7 +68,8 @@ struct ReferenceGradients {
 /// tensor whose size does not match p.
 ReferenceGradients reference_attention_backward(const AttentionProblem& p, const std::vector<double>& q,
                                                 const std::vector<double>& k, const std::vector<double>& v,
-                                                const std::vector<double>& d_o);
+                                                const std::vector<double>& d_o,
+                                                const std::vector<double>* sinks = nullptr);
 
 /// The trace of a row-major rows x cols matrix: the sum of its min(rows, cols)
 /// diagonal elements, added in double (exact for int sums below 2^53).

@@ -163,7 +163,7 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
     p.causal = true;
     CHECK_NOTHROW(validate(p));
   }
-  SECTION("every step and the baseline refuse, by name, each form they do not take, before the GPU") {
+  SECTION("every step and the baseline refuse, by name, each form and feature they do not take, before the GPU") {
     const AttentionTensors null_tensors{};
     for (const StepInfo* step : steps_and_baseline()) {
       INFO("step " << step->label());
@@ -187,6 +187,20 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
         CHECK_FALSE(step->supports(bottom_right));
         CHECK_THROWS_WITH(step->launch(bottom_right, null_tensors, nullptr),
                           Contains("causal_align = bottom-right is not supported"));
+      }
+      // The models' features (issue 58): a window, a soft-cap, sinks; refused by the launcher before the GPU.
+      for (int feature = 0; feature < 3; ++feature) {
+        auto f = good;
+        if (feature == 0) f.window_left = 4;
+        if (feature == 1) f.softcap = 30.f;
+        if (feature == 2) f.sinks = true;
+        const bool takes =
+            feature == 0 ? step->features.window : feature == 1 ? step->features.softcap : step->features.sinks;
+        CHECK(takes_features(f, step->features) == takes);
+        if (takes) continue;
+        CHECK_FALSE(step->supports(f));
+        const char* said = feature == 0 ? "window = (4, " : feature == 1 ? "softcap = 30" : "sinks = on";
+        CHECK_THROWS_WITH(step->launch(f, null_tensors, nullptr), Contains(said) && Contains("is not supported"));
       }
       if (step->cache_forms.max_q_len > 0) {  // a decode step: a few new tokens per sequence, no more
         auto long_queries = good;

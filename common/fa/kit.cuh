@@ -245,6 +245,9 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
   /// The KV-cache forms it takes (problem.hpp): none unless a step says, e.g.
   /// `static constexpr CacheForms cache_forms{.kv_lens = true, .bottom_right = true};`
   static constexpr CacheForms cache_forms{};
+  /// The models' features it takes (problem.hpp): none unless a step says, e.g.
+  /// `static constexpr Features features{.window = true};`
+  static constexpr Features features{};
   /// Built for an architecture-specific target (sm_90a: wgmma, setmaxnreg), whose code runs on exactly
   /// min_arch and on no later GPU.
   static constexpr bool arch_specific = false;
@@ -255,7 +258,7 @@ struct Support<DTypes<T...>, HeadDims<D...>> {
 template <class S, class... T, int... D>
 Launcher launcher_of(LaunchFn launch, WorkspaceFn workspace, DTypes<T...>, HeadDims<D...>) {
   return {launch,    {dtype_of<T>...}, {D...}, S::min_arch, S::pointer_alignment, workspace, S::arch_specific,
-          S::pass,   S::cache_forms};
+          S::pass,   S::cache_forms, S::features};
 }
 /// What the registry lists for `launch`, read off the step's Support (and its workspace size, if any).
 template <class S>
@@ -311,6 +314,7 @@ void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* 
   validate(p);
   if (!lists(p, typename S::dtype_list{}, typename S::head_dim_list{})) refuse_unsupported(step, p, launcher<S>(nullptr));
   refuse_cache_forms(step, p, S::cache_forms);
+  refuse_features(step, p, S::features);
   check_tensors(step, t, S::pointer_alignment, S::needs_workspace, S::pass);
   check_cache_tensors(step, p, t);
   const LaunchScope scope(step, p, S::min_arch, S::arch_specific);

@@ -27,8 +27,11 @@ const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : 
 
 const char* to_string(CausalAlign align) { return align == CausalAlign::bottom_right ? "bottom-right" : "top-left"; }
 
-int AttentionProblem::keys_seen(int b, int i) const {
-  return keys_seen_in(kv_len_of(b), q_len, i, causal, causal_align == CausalAlign::bottom_right);
+int AttentionProblem::keys_seen(int b, int i) const { return keys_range(b, i).last; }
+
+KeyRange AttentionProblem::keys_range(int b, int i) const {
+  return keys_range_in(kv_len_of(b), q_len, i, causal, causal_align == CausalAlign::bottom_right, window_left,
+                       window_right);
 }
 
 double AttentionProblem::kv_bytes() const {
@@ -38,6 +41,12 @@ double AttentionProblem::kv_bytes() const {
 }
 
 double AttentionProblem::flops() const {
+  if (windowed()) {  // a window: the (row, key) pairs it leaves, counted, as FlashAttention's benchmarks do
+    double pairs = 0;
+    for (int b = 0; b < batch; ++b)
+      for (int i = 0; i < q_len; ++i) pairs += keys_range(b, i).count();
+    return 4.0 * q_heads * pairs * head_dim;
+  }
   double keys = 0;  // keys over the batch: batch * kv_len, or the sum of the sequences' lengths
   for (int b = 0; b < batch; ++b) keys += kv_len_of(b);
   const double full = 4.0 * q_heads * double(q_len) * keys * head_dim;
@@ -52,6 +61,15 @@ std::string AttentionProblem::describe() const {
                     " H=" + to_string(q_heads) + "/" + to_string(kv_heads) + " d=" + to_string(head_dim) + " " +
                     fa::to_string(dtype) + (causal ? " causal" : "");
   if (causal && causal_align == CausalAlign::bottom_right) out += " (bottom-right)";
+  if (windowed())
+    out += " window=(" + to_string(window_left) + "," + to_string(causal ? 0 : window_right) + ")" +
+           (!causal && causal_align == CausalAlign::bottom_right ? " (bottom-right)" : "");
+  if (softcap > 0) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", double(softcap));
+    out += std::string(" softcap=") + text;
+  }
+  if (sinks) out += " sinks";
   if (!kv_lens.empty()) {
     const auto [shortest, longest] = std::minmax_element(kv_lens.begin(), kv_lens.end());
     out += " kv_lens=" + to_string(*shortest) + ".." + to_string(*longest);
@@ -84,9 +102,15 @@ void validate(const AttentionProblem& p) {
   if (p.q_heads % p.kv_heads != 0)
     throw InvalidProblem("attention problem: q_heads = " + std::to_string(p.q_heads) +
                          " is not a multiple of kv_heads = " + std::to_string(p.kv_heads));
-  if (p.causal_align == CausalAlign::bottom_right && !p.causal)
-    throw InvalidProblem("attention problem: causal_align = bottom-right needs causal = true (it says where the "
-                         "causal mask's diagonal sits)");
+  if (p.window_left < -1 || p.window_right < -1)
+    throw InvalidProblem("attention problem: window = (" + std::to_string(p.window_left) + ", " +
+                         std::to_string(p.window_right) + ") needs each side >= 0 keys, or -1 for no bound");
+  if (p.causal_align == CausalAlign::bottom_right && !p.causal && !p.windowed())
+    throw InvalidProblem("attention problem: causal_align = bottom-right needs causal = true or a window (it says "
+                         "where the mask's diagonal sits)");
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap))
+    throw InvalidProblem("attention problem: softcap = " + std::to_string(p.softcap) +
+                         " must be finite and >= 0 (0: no soft-capping)");
   if (!p.kv_lens.empty()) {
     if (p.kv_lens.size() != std::size_t(p.batch))
       throw InvalidProblem("attention problem: kv_lens has " + std::to_string(p.kv_lens.size()) +
@@ -182,6 +206,21 @@ void refuse_cache_forms(const char* step, const AttentionProblem& p, const Cache
     throw_unsupported(step, "q_len", std::to_string(p.q_len),
                       "1 .. " + std::to_string(takes.max_q_len) +
                           " new tokens per sequence (a decode step; the forward steps take long query sequences)");
+}
+
+bool takes_features(const AttentionProblem& p, const Features& takes) {
+  return (!p.windowed() || takes.window) && (p.softcap == 0.f || takes.softcap) && (!p.sinks || takes.sinks);
+}
+
+void refuse_features(const char* step, const AttentionProblem& p, const Features& takes) {
+  const std::string none = " (fa-bench --list shows the steps that take the models' features)";
+  if (p.windowed() && !takes.window)
+    throw_unsupported(step, "window", "(" + std::to_string(p.window_left) + ", " +
+                                          std::to_string(p.causal ? 0 : p.window_right) + ")",
+                      "(-1, -1), no window" + none);
+  if (p.softcap != 0.f && !takes.softcap)
+    throw_unsupported(step, "softcap", std::to_string(p.softcap), "0, no soft-capping" + none);
+  if (p.sinks && !takes.sinks) throw_unsupported(step, "sinks", "on", "off" + none);
 }
 
 void throw_unsupported(const char* step, const char* field, const std::string& value,

@@ -18,6 +18,15 @@
 /// - bottom-right causal alignment (`causal_align`): query row i of q_len new tokens sees keys
 ///   j <= len - q_len + i, len its sequence's length, so the last row sees every key (decoding q_len
 ///   tokens at once, as in speculative decoding). A row that sees no key has O = 0 and LSE = -inf.
+///
+/// The features of the models that run attention (issue 58; a step that does not take one refuses it by name):
+/// - a sliding window (`window_left`, `window_right`, FlashAttention's window_size): query row i sees the keys
+///   j with i' - left <= j <= i' + right, i' its diagonal (i, or len - q_len + i aligned bottom-right); -1 leaves
+///   that side open; with causal the right side is 0 whatever it says, as FlashAttention's causal window;
+/// - logit soft-capping (`softcap` > 0, Gemma 2): each score s = scale q.k becomes softcap tanh(s / softcap);
+/// - attention sinks (`sinks`, gpt-oss): a logit per query head (AttentionTensors::sinks, float [q_heads]) in
+///   every row's softmax denominator and none of its values: LSE_i = ln(sum_j exp(s_ij) + exp(sink_h)),
+///   P_ij = exp(s_ij - LSE_i). A row that sees no key then has O = 0 and LSE = sink_h.
 #pragma once
 
 #include "fa/dtype.hpp"
@@ -79,6 +88,25 @@ FA_HOST_DEVICE constexpr int keys_seen_in(int len, int q_len, int i, bool causal
   return seen < 0 ? 0 : seen > len ? len : seen;
 }
 
+/// The keys [first, last) query row i sees: as keys_seen_in, then a window of `left` keys before the row's diagonal
+/// and `right` after it (-1: open; the right side is the causal mask's where causal). An empty range has first ==
+/// last (0 when nothing is seen).
+struct KeyRange {
+  int first = 0;  ///< the first key the row sees
+  int last = 0;   ///< one past the last
+  FA_HOST_DEVICE constexpr int count() const { return last - first; }
+};
+FA_HOST_DEVICE constexpr KeyRange keys_range_in(int len, int q_len, int i, bool causal, bool bottom_right, int left,
+                                                int right) {
+  const int diagonal = bottom_right ? len - q_len + i : i;
+  int last = causal ? keys_seen_in(len, q_len, i, causal, bottom_right) : len;
+  if (!causal && right >= 0) last = diagonal + right + 1 < last ? diagonal + right + 1 : last;
+  int first = left >= 0 && diagonal - left > 0 ? diagonal - left : 0;
+  if (last < 0) last = 0;
+  if (first > last) first = last;
+  return {first, last};
+}
+
 /// Shapes, masking and scale of one attention call.
 struct AttentionProblem {
   int batch = 1;               ///< B: independent sequences
@@ -101,6 +129,14 @@ struct AttentionProblem {
   /// kv_len, a multiple of page_size, is then each sequence's capacity, kv_len / page_size pages.
   int page_size = 0;
   int pages = 0;  ///< pages in the K and V pools (paged only)
+  /// A sliding window: keys before the diagonal (window_left) and after it (window_right) a row sees; -1: open.
+  /// Both -1 (and either with causal's right side): no window. Aligned as causal_align says.
+  int window_left = -1;
+  int window_right = -1;
+  /// Logit soft-capping: scores become softcap tanh(score / softcap) before the softmax; 0: none.
+  float softcap = 0.f;
+  /// Attention sinks: a logit per query head (AttentionTensors::sinks) in every row's softmax denominator.
+  bool sinks = false;
 
   /// The scale actually applied to Q·Kᵀ.
   float softmax_scale() const;
@@ -117,8 +153,13 @@ struct AttentionProblem {
   std::int64_t lse_elements() const;  ///< elements of LSE: batch * q_heads * q_len
   /// Keys of sequence b: kv_lens[b], or kv_len when kv_lens is empty.
   int kv_len_of(int b) const { return kv_lens.empty() ? kv_len : kv_lens[std::size_t(b)]; }
-  /// How many keys query row i of sequence b sees, 0 .. kv_len_of(b): keys 0 .. keys_seen - 1.
+  /// One past the last key query row i of sequence b sees, 0 .. kv_len_of(b) (the mask, the window's right side
+  /// and the length); without a window's left side the row sees keys 0 .. keys_seen - 1.
   int keys_seen(int b, int i) const;
+  /// The keys [first, last) query row i of sequence b sees: the mask, the window and the sequence's length.
+  KeyRange keys_range(int b, int i) const;
+  /// Whether a window bounds some row: window_left >= 0, or window_right >= 0 without causal.
+  bool windowed() const { return window_left >= 0 || (window_right >= 0 && !causal); }
   bool paged() const { return page_size > 0; }  ///< K and V are page pools
   int pages_per_sequence() const { return paged() ? kv_len / page_size : 0; }  ///< page_table's columns
   /// Bytes of K and V that attention must read once: the keys every sequence holds, times 2 (K and V),
@@ -144,6 +185,20 @@ struct CacheForms {
   /// queries in registers and refuses more (the forward steps take long query sequences).
   int max_q_len = 0;
 };
+
+/// The features of the models that run attention a step takes (issue 58). A step refuses the others by name.
+struct Features {
+  bool window = false;   ///< a sliding window (window_left, window_right)
+  bool softcap = false;  ///< logit soft-capping
+  bool sinks = false;    ///< attention sinks
+};
+
+/// Whether p uses only features that `takes` has.
+bool takes_features(const AttentionProblem& p, const Features& takes);
+
+/// Throws InvalidProblem("<step>: <field> = <value> is not supported; supported: <what>") for the first feature p
+/// uses that `takes` lacks; returns when there is none.
+void refuse_features(const char* step, const AttentionProblem& p, const Features& takes);
 
 /// Whether p uses only forms that `takes` has (contiguous K/V, one length and top-left causal need none) and
 /// has no more query rows than it takes.
@@ -179,6 +234,7 @@ struct AttentionTensors {
   void* dv = nullptr;          ///< dV, shaped like V: written by a backward step (summed over a KV head's group)
   const int* kv_lens = nullptr;     ///< int32 [batch]: the device copy of AttentionProblem::kv_lens, when set
   const int* page_table = nullptr;  ///< int32 [batch, kv_len / page_size]: each sequence's pages, when paged
+  const float* sinks = nullptr;     ///< float32 [q_heads]: each query head's sink logit, when AttentionProblem::sinks
   /// int32[4], 16-byte aligned, in memory the GPU writes (device memory, or mapped pinned host memory that the host
   /// reads without a sync): where a decode step records a value of kv_lens or page_table it refused (CacheFault).
   /// The values live on the GPU, so the kernel checks them: a length outside 0 .. kv_len reads as 0 keys, a page

@@ -247,6 +247,7 @@ StepInfo::StepInfo(std::string id_, std::string variant_, std::string name_, std
       workspace_bytes(launcher.workspace_bytes),
       pass(launcher.pass),
       cache_forms(launcher.cache_forms),
+      features(launcher.features),
       high_precision_accumulation(high_precision),
       reports_resources(resources_reported) {}
 

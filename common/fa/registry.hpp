@@ -36,6 +36,7 @@ struct Launcher {
   bool arch_specific = false;   ///< built for sm_<min_arch>a: runs on exactly min_arch
   Pass pass = Pass::forward;    ///< the half of attention it computes
   CacheForms cache_forms;       ///< the KV-cache forms it takes (none: contiguous K/V, one length, top-left)
+  Features features;            ///< the models' features it takes (none: no window, soft-cap or sinks)
 };
 
 /// One registered implementation: a step (or one variant of a step), or a baseline.
@@ -58,6 +59,7 @@ struct StepInfo {
   WorkspaceFn workspace_bytes = nullptr;  ///< nullptr: needs no workspace
   Pass pass = Pass::forward;   ///< forward (O and LSE) or backward (dQ, dK, dV)
   CacheForms cache_forms;      ///< the KV-cache forms it takes: per-sequence lengths, pages, bottom-right causal
+  Features features;           ///< the models' features it takes: a window, soft-capping, sinks
   /// Accumulates in more than float precision (step 07): the harness checks
   /// that its error stays well below step 06's on a long sequence.
   bool high_precision_accumulation = false;
@@ -68,9 +70,10 @@ struct StepInfo {
   bool supports(DType dtype) const;
   /// Whether `head_dim` is in head_dims.
   bool supports_head_dim(int head_dim) const;
-  /// Whether it takes p's dtype, head_dim and KV-cache forms (not whether this GPU runs it: runs_on).
+  /// Whether it takes p's dtype, head_dim, KV-cache forms and features (not whether this GPU runs it: runs_on).
   bool supports(const AttentionProblem& p) const {
-    return supports(p.dtype) && supports_head_dim(p.head_dim) && takes_cache_forms(p, cache_forms);
+    return supports(p.dtype) && supports_head_dim(p.head_dim) && takes_cache_forms(p, cache_forms) &&
+           takes_features(p, features);
   }
   /// "01", "05-pad4", "cublas".
   std::string label() const;

@@ -254,6 +254,9 @@ def main() -> int:
     parser.add_argument("--decode", default="46", help="the course's decode step")
     parser.add_argument("--eager", action="store_true", help="decoding steps without the CUDA graph")
     args = parser.parse_args()
+    for name in ("requests", "slots", "page_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be 1 or more")
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("skipped: no CUDA device")  # ctest: exit 77 reads as skipped
         return 77
@@ -277,6 +280,7 @@ def main() -> int:
         prompts.append((sentence[: sentence.index(" is ") + 4], rng.randrange(8, 41)))
     max_new = max(n for _, n in prompts)
     args.longest = max(len(p) for p, _ in prompts)
+    assert args.longest + max_new <= model.context, "a request would outgrow the model's context"
     requests = [(torch.tensor([vocab.index(c) for c in p], device=DEVICE), n) for p, n in prompts]
 
     lines, answers, rates = [], {}, {}

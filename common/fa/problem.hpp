@@ -88,14 +88,16 @@ FA_HOST_DEVICE constexpr int keys_seen_in(int len, int q_len, int i, bool causal
   return seen < 0 ? 0 : seen > len ? len : seen;
 }
 
-/// The keys [first, last) query row i sees: as keys_seen_in, then a window of `left` keys before the row's diagonal
-/// and `right` after it (-1: open; the right side is the causal mask's where causal). An empty range has first ==
-/// last (0 when nothing is seen).
+/// The keys [first, last) a query row sees; an empty range has first == last (0 when nothing is seen).
 struct KeyRange {
   int first = 0;  ///< the first key the row sees
   int last = 0;   ///< one past the last
+  /// How many keys the row sees.
   FA_HOST_DEVICE constexpr int count() const { return last - first; }
 };
+/// The keys query row i of q_len rows sees in a sequence of len keys: as keys_seen_in, then a window of `left`
+/// keys before the row's diagonal and `right` after it (-1: open; the right side is the causal mask's where causal).
+/// The one rule the reference (AttentionProblem::keys_range) and the kernels that take a window follow.
 FA_HOST_DEVICE constexpr KeyRange keys_range_in(int len, int q_len, int i, bool causal, bool bottom_right, int left,
                                                 int right) {
   const int diagonal = bottom_right ? len - q_len + i : i;
@@ -132,7 +134,7 @@ struct AttentionProblem {
   /// A sliding window: keys before the diagonal (window_left) and after it (window_right) a row sees; -1: open.
   /// Both -1 (and either with causal's right side): no window. Aligned as causal_align says.
   int window_left = -1;
-  int window_right = -1;
+  int window_right = -1;  ///< the window's right side (see window_left); with causal, 0 whatever it says
   /// Logit soft-capping: scores become softcap tanh(score / softcap) before the softmax; 0: none.
   float softcap = 0.f;
   /// Attention sinks: a logit per query head (AttentionTensors::sinks) in every row's softmax denominator.

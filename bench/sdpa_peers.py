@@ -151,8 +151,6 @@ def plan(args):
             values = tuple(int(v) for v in text.split(","))
             if len(values) != 6 or min(values) < 1 or values[3] % values[4]:
                 sys.exit(f"--shape {text}: expected six positive sizes B,Nq,Nkv,Hq,Hkv,d with Hkv dividing Hq")
-            if args.page_size and values[2] % args.page_size:
-                sys.exit(f"--shape {text}: --page-size {args.page_size} does not divide Nkv = {values[2]}")
             shapes.append(("decode" if args.passes == "decode" else "custom", values))
     else:
         shapes = []
@@ -166,6 +164,10 @@ def plan(args):
             else:
                 sys.exit(f"--suites: unknown suite '{suite}', expected {', '.join(SUITES)}, backward, decode")
     if args.page_size:
+        for suite, shape in shapes:
+            if shape[2] % args.page_size:
+                sys.exit(f"--page-size {args.page_size} does not divide Nkv = {shape[2]} of the {suite} shape "
+                         f"{','.join(map(str, shape))} (a paged cache holds whole pages)")
         shapes = [(f"{suite}-pages{args.page_size}", shape) for suite, shape in shapes]
     return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes

@@ -31,6 +31,15 @@ assert sdpa_peers.refusal("fa4", (8, 4, 8192, 32, 8, 128), "f16", True, "decode"
 assert sdpa_peers.refusal("cudnn", (8, 4, 8192, 32, 8, 128), "f16", True, "decode", 0) is None
 # Outside decode FA4's bottom-right mask is not the course's top-left one: refused where they differ.
 assert sdpa_peers.refusal("fa4", (1, 4, 8192, 4, 4, 64), "f16", True, "forward") is not None
+# A page size that does not divide a shape's Nkv is refused before anything runs, for --shape and for a suite.
+for bad in (["--shape", "1,1,100,4,4,64"], ["--suites", "decode"]):
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            sdpa_peers.plan(sdpa_peers.parse_args(["--dry-run", "--pass", "decode", "--page-size", "48", *bad]))
+    except SystemExit as refused:
+        assert "does not divide Nkv" in str(refused), refused
+    else:
+        raise AssertionError(f"sdpa_peers.py planned pages of 48 for {bad}")
 for bad in (["--pass", "forward", "--page-size", "16"], ["--pass", "decode", "--page-size", "-1"]):
     try:
         with contextlib.redirect_stderr(io.StringIO()):

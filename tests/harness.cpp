@@ -103,6 +103,14 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
       cache("decode: " + what + ", GQA 8/2, paged (16)", problem(2, n, 320, 8, 2, d0), {320, 129}, 16, masked);
     }
   }
+  // More (query head, new token) pairs a KV head than 16: GQA 32/8 with 8 new tokens (32 rows, both of a block's row
+  // tiles full in step 47), and MQA 8/1 with 5 and 8 (40 and 64 rows: a second block of 32, partly filled).
+  cache("speculative: 8 new tokens, GQA 32/8 (32 rows a KV head), bottom-right causal, paged (16)",
+        problem(2, 8, 304, 32, 8, d0), {300, 5}, 16, true);
+  cache("speculative: 5 new tokens, MQA 8/1 (40 rows a KV head), no mask", problem(2, 5, 500, 8, 1, d0), {500, 77}, 0,
+        false);
+  cache("speculative: 8 new tokens, MQA 8/1 (64 rows a KV head), bottom-right causal", problem(2, 8, 400, 8, 1, d0),
+        {400, 3}, 0, true);
   // Sequences of no keys among long ones: every split of theirs is empty, and the long ones need several splits
   // (contiguous and paged).
   cache("decode: zero-length sequences among long ones (several splits)", problem(4, 1, 20000, 8, 2, d0),

@@ -67,6 +67,7 @@ namespace step43 { Launcher launcher(); }
 namespace step44 { Launcher launcher(); }
 namespace step45 { Launcher launcher(); }
 namespace step46 { Launcher launcher(); }
+namespace step47 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -220,6 +221,9 @@ const std::vector<StepInfo>& all_steps() {
       {"46", "", "tensor_core_decode",
        "decode on tensor cores: a block's rows of a GQA group are the 16 rows of mma.sync, for S = QK^T and for PV",
        step46::launcher()},
+      {"47", "", "shared_kv_decode",
+       "decode with several new tokens: a block's rows are up to two m16 tiles, so a KV head's keys are read once for 32 rows",
+       step47::launcher()},
   };
   return steps;
 }

@@ -23,16 +23,17 @@ Two servers run the same requests with the same weights and the same schedule:
     sdpa    a contiguous cache of the context's length per slot; the prefill with is_causal, the decoding step with a
             mask of each slot's length (torch.nn.functional.scaled_dot_product_attention)
 
-Each request's answer (its tokens up to the sentence's end) must be the same from both; past the end a greedy
-choice can rest on a near-tie (gpt.py says why), reported with the top two logits' gap. Both servers run once to
-warm up and are timed the second time: tokens a second, every request's new tokens over the wall time from the first
-join to the last token (a single synchronize at the end).
+Each request's new tokens must be the same from both, except where a greedy choice rests on a near-tie (gpt.py says
+why): two answers may part only at a token where both servers' top two logits are within --tie (0.125: two of
+bfloat16's steps at logits between 8 and 16), reported with the gaps; past it they continue from different texts.
+Both servers run once to warm up and are timed the second time: tokens a second, every request's new tokens over
+the wall time from the first join to the last token (a single synchronize at the end).
 
     PYTHONPATH=build/python python3 python/examples/serve.py --out DIR [--requests 64] [--slots 16]
-        [--page-size 16] [--train 300] [--forward 25] [--decode 46] [--eager]
+        [--page-size 16] [--train 300] [--forward 25] [--decode 46] [--eager] [--tie 0.125]
 
-Writes DIR/serve.txt; exits 1 unless every answer agrees (77 without a GPU). --eager runs the decoding steps without
-the graph (to time what the graph saves).
+Writes DIR/serve.txt; exits 1 if an answer parts from SDPA's anywhere but at a near-tie (77 without a GPU). --eager
+runs the decoding steps without the graph (to time what the graph saves).
 """
 from __future__ import annotations
 
@@ -253,6 +254,8 @@ def main() -> int:
     parser.add_argument("--forward", default="25", help="the course's forward step (the prefill)")
     parser.add_argument("--decode", default="46", help="the course's decode step")
     parser.add_argument("--eager", action="store_true", help="decoding steps without the CUDA graph")
+    parser.add_argument("--tie", type=float, default=0.125,
+                        help="top-two logit gap under which the two servers may choose differently (default 0.125)")
     args = parser.parse_args()
     for name in ("requests", "slots", "page_size"):
         if getattr(args, name) < 1:
@@ -299,25 +302,33 @@ def main() -> int:
                          f"{rates[backend]:.0f} tokens a second")
     fa_course.check()  # a length or page entry a decode kernel refused would show here
 
-    same_answers, same_all = 0, 0
+    # An answer may part from SDPA's only at a near-tie: at its first different token both servers' top two logits
+    # are within --tie of each other, so that a rounding of either kernel picks the other one (past that token the
+    # two continue from different texts). Anywhere else a different token is a wrong result.
+    same_answers, same_all, at_ties, wrong = 0, 0, 0, 0
     for i, (prompt, n) in enumerate(prompts):
         a, b = answers["sdpa"][0][i], answers["course"][0][i]
         same_answers += a.split("\n")[0] == b.split("\n")[0]
         same_all += a == b
         if a != b:
             at = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+            gaps = answers["sdpa"][1][i][at], answers["course"][1][i][at]
+            tie = max(gaps) <= args.tie
+            at_ties += tie
+            wrong += not tie
             lines.append(f"  request {i} {prompt!r}: sdpa {a!r}, course {b!r}; first different token {at} of {n}, "
-                         f"where SDPA's top two logits are {answers['sdpa'][1][i][at]:.3f} apart (the course's: "
-                         f"{answers['course'][1][i][at]:.3f})")
+                         f"where SDPA's top two logits are {gaps[0]:.3f} apart (the course's: {gaps[1]:.3f}): "
+                         f"{'a near-tie' if tie else 'NOT a near-tie: a wrong token'}")
     lines.append(f"answers (up to the sentence's end) the same: {same_answers} of {len(prompts)}; every new token: "
-                 f"{same_all} of {len(prompts)}")
+                 f"{same_all} of {len(prompts)}; parted at a near-tie (top two logits within {args.tie}): {at_ties}; "
+                 f"parted elsewhere: {wrong}")
     lines.append(f"tokens a second, course / sdpa: {rates['course'] / rates['sdpa']:.2f}")
     lines.append("examples: " + "; ".join(f"{p!r} -> {answers['course'][0][i].split(chr(10))[0]!r}"
                                           for i, (p, _) in enumerate(prompts[:4])))
     with open(os.path.join(args.out, "serve.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if same_answers == len(prompts) else 1
+    return 0 if wrong == 0 else 1
 
 
 if __name__ == "__main__":

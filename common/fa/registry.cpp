@@ -68,6 +68,7 @@ namespace step44 { Launcher launcher(); }
 namespace step45 { Launcher launcher(); }
 namespace step46 { Launcher launcher(); }
 namespace step47 { Launcher launcher(); }
+namespace step48 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -224,6 +225,9 @@ const std::vector<StepInfo>& all_steps() {
       {"47", "", "shared_kv_decode",
        "decode with several new tokens: a block's rows are up to two m16 tiles, so a KV head's keys are read once for 32 rows",
        step47::launcher()},
+      {"48", "", "page_lookahead_decode",
+       "decode from pages: each table entry read two tiles ahead and checked where its copies use it, the page walk without a division",
+       step48::launcher()},
   };
   return steps;
 }

@@ -6,7 +6,8 @@
 # rounds (the steps, then the peers, per page size), as bench/hopper_rounds.sh times the training kernels.
 #
 #   bash bench/decode_roofline.sh [ROUNDS]      (default 2; this tree built in build/ already)
-# (Written in session 13, 2026-11-29, and checked on the CPU: the plan, the merge and the table; not yet run on a GPU.)
+# (Written in session 13, 2026-11-29; first run on the H200 in session 14, one round over one cache: the smoke run in
+# docs/results/h200-2026-11-29-decode-roofline-smoke.csv.)
 #
 # Every round's rows go to $OUT/roofline.csv (fa-bench's columns; the suite column round<k>, or round<k>-pages<N>
 # on pages of N tokens), the ceilings' too (suite ceiling); the medians over the rounds:

@@ -72,8 +72,8 @@ with tempfile.TemporaryDirectory() as tree:
           r'README\.md:\d+: "steps 20-25 \.\.\. sm_80", but the registry has 20: sm_90a')
     wrong("README.md", r"(steps 01-08 run on any GPU,\s+steps 09-18 need )sm_80", r"\1sm_90",
           r'"steps 09-18 \.\.\. sm_90", but the registry has 09: sm_80')
-    wrong("exercises/README.md", r"(Exercises 42-47 are decode\s+\()sm_80 or newer", r"\1sm_90 exactly",
-          r'exercises/README\.md:\d+: "exercises 42-47 \.\.\. sm_90 exactly"')
+    wrong("exercises/README.md", r"(Exercises 42-48 are decode\s+\()sm_80 or newer", r"\1sm_90 exactly",
+          r'exercises/README\.md:\d+: "exercises 42-48 \.\.\. sm_90 exactly"')
     wrong("docs/instructors.md", r"(\| \[29 vector atomics\][^\n]*\| )sm_90 or newer \|", r"\1sm_80 or newer |",
           r"step 29's GPU is given as \"sm_80 or newer\"; the registry has sm_90")
     wrong("README.md", r"(steps 01-08, 19, 26 and 27 take )f32 and f16", r"\1f16 and bf16",
@@ -94,11 +94,11 @@ with tempfile.TemporaryDirectory() as tree:
           r"starts at 11:45, but the slot before starts at 11:15 and takes 20 min")
     wrong("docs/instructors.md", r"\n\| `gqa_modulo` \|[^\n]*", "",
           r"the table has no row for the mutant gqa_modulo")
-    wrong("docs/mainpage.md", r"\n\| \[47 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 42-46")
+    wrong("docs/mainpage.md", r"\n\| \[48 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 42-47")
     wrong("README.md", r"\n\| \[41 [^\n]*", "", r"README\.md:\d+: the table lists steps 26-40; a part runs .*26-41")
     # Counts of all the steps, and of cases for every step: true today or dated.
-    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe Python module lists 48 steps.\n",
-          r'README\.md:\d+: "48 steps": the registry has 47 steps, \d+ entries with the variants')
+    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe Python module lists 49 steps.\n",
+          r'README\.md:\d+: "49 steps": the registry has 48 steps, \d+ entries with the variants')
     wrong("README.md", r"(## How to read a step\n)", r"\1\nThe shape matrix passed for every forward step (9,000 cases).\n",
           r'README\.md:\d+: "every forward step \.\.\. 9,000 cases": a count of cases for every step goes stale')
     # A range of ctest names that is not a part's; a claim that every step is one .cu file.
@@ -126,11 +126,11 @@ with tempfile.TemporaryDirectory() as tree:
     assert code == 0, f"dated counts must pass:\n{out}"
     # Every part contiguous: the lean backward consumer numbered after the decode steps, as it was before 2026-11-28
     # (read from the sources: the built fa-run's registry is the real one).
-    os.rename(os.path.join(tree, "steps", "41_lean_backward_consumer"), os.path.join(tree, "steps", "48_lean_backward_consumer"))
+    os.rename(os.path.join(tree, "steps", "41_lean_backward_consumer"), os.path.join(tree, "steps", "49_lean_backward_consumer"))
     code, out = run(tree, fa_run=None)
-    os.rename(os.path.join(tree, "steps", "48_lean_backward_consumer"), os.path.join(tree, "steps", "41_lean_backward_consumer"))
-    assert code == 1 and "the part 'The backward pass' is not contiguous (26-40, 48)" in out \
-        and "step 48 (backward) comes after step 47 (decode)" in out, out
+    os.rename(os.path.join(tree, "steps", "49_lean_backward_consumer"), os.path.join(tree, "steps", "41_lean_backward_consumer"))
+    assert code == 1 and "the part 'The backward pass' is not contiguous (26-40, 49)" in out \
+        and "step 49 (backward) comes after step 48 (decode)" in out, out
 
     # --write puts an edited generated block back.
     readme = os.path.join(tree, "README.md")

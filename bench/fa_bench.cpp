@@ -96,6 +96,10 @@ const char* kHelpAfterSuites = R"(
                                         fa-run --random --page-size): only the steps that take pages are
                                         timed (--list); the suite column says decode-pages<N>. kv_len must
                                         be a multiple of N
+  --window LEFT,RIGHT                   a sliding window, FlashAttention's window_size (-1: an open side;
+                                        with --causal yes the right side is 0): only the steps that take a
+                                        window are timed (--list); the suite column says
+                                        <suite>-window<LEFT>_<RIGHT>, the TFLOPS count the window's pairs
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
@@ -500,7 +504,7 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed",
-                   "page-size"},
+                   "page-size", "window"},
                   {"help", "no-baseline", "resources", "list", "decode"});
   if (args.has("help")) {
     std::cout << "usage: fa-bench [options]\n  --suite " << suite_names() << kHelpAfterSuites;
@@ -559,6 +563,25 @@ int run(int argc, char** argv) {
                                     std::to_string(shape.kv_len) + " of a " + shape.suite + " shape");
       shape.suite += "-pages" + std::to_string(page_size);
     }
+  // A sliding window, FlashAttention's window_size (LEFT,RIGHT; -1 an open side): only the steps that take one are
+  // timed, and the suite column says so (until the CSV has the features' columns).
+  int window_left = -1, window_right = -1;
+  if (args.has("window")) {
+    const auto sides = Args::split(args.get("window", ""));
+    std::size_t used_left = 0, used_right = 0;
+    try {
+      if (sides.size() != 2) throw std::invalid_argument("two sides");
+      window_left = std::stoi(sides[0], &used_left);
+      window_right = std::stoi(sides[1], &used_right);
+    } catch (const std::exception&) {
+      used_left = 0;
+    }
+    if (used_left != sides[0].size() || sides.size() != 2 || used_right != sides[1].size() || window_left < -1 ||
+        window_right < -1)
+      throw std::invalid_argument("--window must be LEFT,RIGHT, two whole numbers of keys, -1 for an open side; got '" +
+                                  args.get("window", "") + "'");
+    for (Shape& shape : shapes) shape.suite += "-window" + std::to_string(window_left) + "_" + std::to_string(window_right);
+  }
   const std::string csv_path = args.get("csv", "fa-bench.csv");
   auto of_pass = [](Pass pass) { return [pass](const StepInfo* s) { return s->pass == pass; }; };
   // The cuBLAS baseline is a forward: it is timed where forward steps are.
@@ -614,6 +637,7 @@ int run(int argc, char** argv) {
     p.causal = planned.causal, p.dtype = planned.dtype;
     if (shape.decode && p.causal) p.causal_align = CausalAlign::bottom_right;
     if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size);
+    p.window_left = window_left, p.window_right = window_right;
     validate(p);
     const std::uint64_t config_seed = seed + planned.index;
 

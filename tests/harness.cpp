@@ -128,6 +128,22 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
         InputKind::offset_minus_1000);
   cache("decode: -1000 on every score, 4 new tokens, bottom-right, paged (16)", problem(2, 4, 2048, 8, 2, d0),
         {2048, 700}, 16, true, InputKind::offset_minus_1000);
+  // Sliding windows (FlashAttention's window_size = (left, right), top-left aligned; with the causal mask the
+  // right side is 0), run only by the steps that take them: a window smaller than a tile, one larger than the
+  // sequence, asymmetric ones, one key (the row's own), the left side alone where late rows see no key (O = 0,
+  // LSE = -inf), and a window over many tiles with more query tiles than SMs.
+  auto window = [&](const std::string& name, AttentionProblem p, int left, int right) {
+    p.window_left = left, p.window_right = right;
+    add(out, "window (" + std::to_string(left) + ", " + std::to_string(right) + "): " + name, p, InputKind::uniform,
+        dtypes, true, max_len);
+  };
+  window("smaller than a tile", problem(1, 300, 300, 4, 2, d0), 16, 16);
+  window("larger than the sequence", problem(2, 100, 100, 4, 4, d0), 500, 500);
+  window("asymmetric, q_len < kv_len", problem(1, 200, 700, 8, 2, d0), 100, 3);
+  window("the row's own key", problem(1, 130, 130, 2, 2, d0), 0, 0);
+  window("the right side alone", problem(1, 257, 257, 2, 1, d0), -1, 5);
+  window("the left side alone, q_len > kv_len: late rows see no key", problem(1, 300, 100, 2, 1, d0), 50, -1);
+  window("many tiles, more query tiles than SMs, GQA 16/4", problem(2, 1100, 1100, 16, 4, d0), 257, 129);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));

@@ -60,11 +60,12 @@ TEST_CASE("the minimum GPU architecture is registry data, refused with both arch
   // shared memory per block need sm_90, and the Hopper steps 20 to 25, built for sm_90a; the steps
   // before 09 run anywhere, and so do the backward's CUDA-core steps 26 and 27; step 28, the backward on
   // mma.sync, needs sm_80, and steps 29 on sm_90 for their vector reductions; the Hopper backward, steps 38
-  // to 41, is built for sm_90a again; the decode steps, 42 to 48, read memory with 16-byte loads on sm_80 and newer.
+  // to 41, is built for sm_90a again; the decode steps, 42 to 48, read memory with 16-byte loads on sm_80 and newer;
+  // the model features' steps, from 49, grow from the Hopper steps and are built for sm_90a.
   for (const StepInfo& step : all_steps()) {
     INFO("step " << step.label());
     const bool cuda_cores = step.id < "09" || step.id == "26" || step.id == "27";
-    const bool hopper = (step.id >= "20" && step.id <= "25") || (step.id >= "38" && step.id <= "41");
+    const bool hopper = (step.id >= "20" && step.id <= "25") || (step.id >= "38" && step.id <= "41") || step.id >= "49";
     const bool decode = step.id >= "42" && step.id <= "48";
     const int expected = decode ? 80 : step.id == "19" || step.id >= "29" || hopper ? 90 : cuda_cores ? 0 : 80;
     CHECK(step.min_arch == expected);

@@ -69,6 +69,7 @@ namespace step45 { Launcher launcher(); }
 namespace step46 { Launcher launcher(); }
 namespace step47 { Launcher launcher(); }
 namespace step48 { Launcher launcher(); }
+namespace step49 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -228,6 +229,9 @@ const std::vector<StepInfo>& all_steps() {
       {"48", "", "page_lookahead_decode",
        "decode from pages: each table entry read two tiles ahead and checked where its copies use it, the page walk without a division",
        step48::launcher()},
+      {"49", "", "sliding_window",
+       "a sliding window (FlashAttention's window_size) on step 25: each work tile walks only the K/V tiles its rows' windows reach, masked at the window's edges",
+       step49::launcher()},
   };
   return steps;
 }

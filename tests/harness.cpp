@@ -144,6 +144,16 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   window("the right side alone", problem(1, 257, 257, 2, 1, d0), -1, 5);
   window("the left side alone, q_len > kv_len: late rows see no key", problem(1, 300, 100, 2, 1, d0), 50, -1);
   window("many tiles, more query tiles than SMs, GQA 16/4", problem(2, 1100, 1100, 16, 4, d0), 257, 129);
+  // Logit soft-capping (Gemma 2), run only by the steps that take it: a cap the scores never reach, one wide scores
+  // saturate (scores of tens against a cap of 5: the tanh's flat ends), and a cap with a window (Gemma 2's local
+  // layers).
+  auto softcap = [&](const std::string& name, AttentionProblem p, float cap, InputKind kind, int left = -1) {
+    p.softcap = cap, p.window_left = left;
+    add(out, "softcap " + std::to_string(int(cap)) + ": " + name, p, kind, dtypes, true, max_len);
+  };
+  softcap("scores far below it", problem(2, 129, 129, 4, 4, d0), 30.f, InputKind::uniform);
+  softcap("wide scores saturate it", problem(1, 200, 300, 4, 2, d0), 5.f, InputKind::wide_10);
+  softcap("with a window of 64", problem(1, 300, 300, 4, 2, d0), 20.f, InputKind::wide_10, 64);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));

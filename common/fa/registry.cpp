@@ -70,6 +70,7 @@ namespace step46 { Launcher launcher(); }
 namespace step47 { Launcher launcher(); }
 namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
+namespace step50 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -232,6 +233,9 @@ const std::vector<StepInfo>& all_steps() {
       {"49", "", "sliding_window",
        "a sliding window (FlashAttention's window_size) on step 25: each work tile walks only the K/V tiles its rows' windows reach, masked at the window's edges",
        step49::launcher()},
+      {"50", "", "softcap",
+       "logit soft-capping (Gemma 2): each score capped to c tanh(s / c) on S's fragments, tanh from exp2 to float rounding; with step 49's window",
+       step50::launcher()},
   };
   return steps;
 }

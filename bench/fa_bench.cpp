@@ -100,6 +100,10 @@ const char* kHelpAfterSuites = R"(
                                         with --causal yes the right side is 0): only the steps that take a
                                         window are timed (--list); the suite column says
                                         <suite>-window<LEFT>_<RIGHT>, the TFLOPS count the window's pairs
+  --softcap C                           logit soft-capping at C (Gemma 2's 50, for one): only the steps that
+                                        take it are timed; the suite column says <suite>-softcap<C>
+  --sinks                               attention sinks, one random logit a query head (gpt-oss): only the
+                                        steps that take them are timed; the suite column says <suite>-sinks
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
@@ -198,8 +202,13 @@ struct InputSets {
   std::vector<DeviceBuffer> o_in, lse, d_o, dq, dk, dv;  ///< the backward's, empty until add_backward
   DeviceBuffer workspace;
   DeviceBuffer page_table;  ///< a paged problem's page table (every set's pools share its order)
+  DeviceBuffer sinks;       ///< the sinks' logits, f32 [q_heads] (every set shares them)
   /// A paged problem's K and V go up as page pools, each sequence's pages in DeviceAttention's shuffled order.
   InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
+    if (p.sinks) {
+      sinks = DeviceBuffer(in.sinks.byte_size());
+      sinks.upload(in.sinks.bytes.data(), in.sinks.byte_size());
+    }
     std::vector<int> table;
     HostTensor k_pool, v_pool;
     if (p.paged()) {
@@ -243,10 +252,12 @@ struct InputSets {
     if (pass == Pass::forward) {
       AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
       t.page_table = page_table.as<int>();
+      t.sinks = sinks.as<float>();
       return t;
     }
     AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o_in[c].get(), workspace.get()};
     t.lse = lse[c].as<float>();
+    t.sinks = sinks.as<float>();
     t.d_o = d_o[c].get(), t.dq = dq[c].get(), t.dk = dk[c].get(), t.dv = dv[c].get();
     return t;
   }
@@ -278,6 +289,7 @@ struct SampledReference {
 SampledReference sample_reference(const AttentionProblem& p, const AttentionInputs& in, int count,
                                   std::uint64_t seed) {
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
+  const std::vector<double> sinks = p.sinks ? in.sinks.to_double() : std::vector<double>();
   SampledReference ref;
   std::mt19937_64 rng(seed);
   for (int r = 0; r < count; ++r) {
@@ -285,7 +297,7 @@ SampledReference sample_reference(const AttentionProblem& p, const AttentionInpu
     ref.values.resize(ref.values.size() + p.head_dim);
     const auto& [b, i, h] = ref.rows.back();
     reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h,
-                            ref.values.data() + ref.values.size() - p.head_dim);
+                            ref.values.data() + ref.values.size() - p.head_dim, nullptr, p.sinks ? &sinks : nullptr);
   }
   return ref;
 }
@@ -322,8 +334,9 @@ BackwardReference backward_reference(const AttentionProblem& p, const AttentionI
   BackwardReference ref;
   if (double(p.batch) * p.q_heads * p.q_len * p.kv_len > kMaxCheckedScores) return ref;
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
-  reference_attention(p, q, k, v, &ref.max_abs_score);
-  ref.gradients = reference_attention_backward(p, q, k, v, backward.d_o.to_double());
+  const std::vector<double> sinks = p.sinks ? in.sinks.to_double() : std::vector<double>();
+  reference_attention(p, q, k, v, &ref.max_abs_score, nullptr, p.sinks ? &sinks : nullptr);
+  ref.gradients = reference_attention_backward(p, q, k, v, backward.d_o.to_double(), p.sinks ? &sinks : nullptr);
   ref.checked = true;
   return ref;
 }
@@ -504,8 +517,8 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed",
-                   "page-size", "window"},
-                  {"help", "no-baseline", "resources", "list", "decode"});
+                   "page-size", "window", "softcap"},
+                  {"help", "no-baseline", "resources", "list", "decode", "sinks"});
   if (args.has("help")) {
     std::cout << "usage: fa-bench [options]\n  --suite " << suite_names() << kHelpAfterSuites;
     return 0;
@@ -582,6 +595,15 @@ int run(int argc, char** argv) {
                                   args.get("window", "") + "'");
     for (Shape& shape : shapes) shape.suite += "-window" + std::to_string(window_left) + "_" + std::to_string(window_right);
   }
+  // Soft-capping (a cap c > 0) and sinks (random logits, one a query head): the same, in the suite column.
+  const double softcap = args.get_number("softcap", 0);
+  if (!(softcap >= 0) || !std::isfinite(softcap))
+    throw std::invalid_argument("--softcap must be a cap c > 0 (0: none); got '" + args.get("softcap", "") + "'");
+  const bool sinks = args.has("sinks");
+  for (Shape& shape : shapes) {
+    if (softcap > 0) shape.suite += "-softcap" + args.get("softcap", "");
+    if (sinks) shape.suite += "-sinks";
+  }
   const std::string csv_path = args.get("csv", "fa-bench.csv");
   auto of_pass = [](Pass pass) { return [pass](const StepInfo* s) { return s->pass == pass; }; };
   // The cuBLAS baseline is a forward: it is timed where forward steps are.
@@ -638,6 +660,7 @@ int run(int argc, char** argv) {
     if (shape.decode && p.causal) p.causal_align = CausalAlign::bottom_right;
     if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size);
     p.window_left = window_left, p.window_right = window_right;
+    p.softcap = float(softcap), p.sinks = sinks;
     validate(p);
     const std::uint64_t config_seed = seed + planned.index;
 

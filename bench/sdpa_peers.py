@@ -119,6 +119,16 @@ def parse_args(argv=None):
     parser.add_argument("--page-size", type=int, default=0,
                         help="--pass decode: K and V in a paged cache of pages of N tokens (fa4 only; default 0: "
                              "contiguous)")
+    parser.add_argument("--window", default="",
+                        help="LEFT,RIGHT: a sliding window, FlashAttention's window_size (-1: an open side); fa4 "
+                             "only (SDPA takes none), with Nq = Nkv (FlashAttention aligns it bottom-right, the course "
+                             "top-left); the suite column says <suite>-window<LEFT>_<RIGHT>, as fa-bench's")
+    parser.add_argument("--softcap", default="",
+                        help="C: logit soft-capping at C; fa4 only; the suite column says <suite>-softcap<C>")
+    parser.add_argument("--sinks", action="store_true",
+                        help="attention sinks, one logit a query head drawn uniform in [-2, 2) (FlashAttention-4's "
+                             "learnable_sink); fa4 only; the suite column says <suite>-sinks. With any of these "
+                             "three the backward's dQ is timed, not checked (its rel_err is nan)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -137,9 +147,63 @@ def parse_args(argv=None):
                 parser.error(f"--{name}: unknown value '{value}', expected {', '.join(allowed)}")
     if args.page_size < 0 or (args.page_size and args.passes != "decode"):
         parser.error("--page-size: a number of tokens, 1 or more, with --pass decode (the decode steps' paged cache)")
+    window = None
+    if args.window:
+        try:
+            window = tuple(int(side) for side in args.window.split(","))
+        except ValueError:
+            window = ()
+        if len(window) != 2 or min(window) < -1:
+            parser.error(f"--window {args.window}: expected LEFT,RIGHT, two whole numbers of keys, -1 for an open side")
+    softcap = 0.0
+    if args.softcap:
+        try:
+            softcap = float(args.softcap)
+        except ValueError:
+            softcap = -1.0
+        if not (softcap > 0 and math.isfinite(softcap)):
+            parser.error(f"--softcap {args.softcap}: expected a cap C > 0")
+    args.features = Features(window, softcap, args.softcap, args.sinks)
+    if args.features.any() and args.passes == "decode":
+        parser.error("--window, --softcap and --sinks are not taken with --pass decode")
     if not args.site and os.environ.get("FA_PEER_SITE"):
         args.site = os.environ["FA_PEER_SITE"].split(os.pathsep)
     return args
+
+
+class Features:
+    """The model features of a run (issue 58): a window (LEFT, RIGHT) or None, a soft-cap (0: none) and the text it
+    was given as (for the suite column, as fa-bench writes it), and whether each head has a sink."""
+
+    def __init__(self, window=None, softcap=0.0, softcap_text="", sinks=False):
+        self.window, self.softcap, self.softcap_text, self.sinks = window, softcap, softcap_text, sinks
+
+    def windowed(self, causal: bool) -> bool:
+        """Whether the window bounds some row (AttentionProblem::windowed)."""
+        return self.window is not None and (self.window[0] >= 0 or (self.window[1] >= 0 and not causal))
+
+    def any(self) -> bool:
+        return self.window is not None or self.softcap > 0 or self.sinks
+
+    def suffix(self) -> str:
+        """What fa-bench appends to the suite column for the same options."""
+        return ((f"-window{self.window[0]}_{self.window[1]}" if self.window is not None else "")
+                + (f"-softcap{self.softcap_text}" if self.softcap > 0 else "") + ("-sinks" if self.sinks else ""))
+
+
+NO_FEATURES = Features()
+
+
+def key_range(i: int, q_len: int, kv_len: int, causal: bool, window=None, bottom_right: bool = False):
+    """The keys [first, last) query row i sees: keys_range_in of common/fa/problem.hpp, the one rule."""
+    left, right = window if window is not None else (-1, -1)
+    diagonal = kv_len - q_len + i if bottom_right else i
+    last = min(max(diagonal + 1, 0), kv_len) if causal else kv_len
+    if not causal and right >= 0:
+        last = min(diagonal + right + 1, last)
+    first = diagonal - left if left >= 0 and diagonal - left > 0 else 0
+    last = max(last, 0)
+    return min(first, last), last
 
 
 def plan(args):
@@ -169,6 +233,8 @@ def plan(args):
                 sys.exit(f"--page-size {args.page_size} does not divide Nkv = {shape[2]} of the {suite} shape "
                          f"{','.join(map(str, shape))} (a paged cache holds whole pages)")
         shapes = [(f"{suite}-pages{args.page_size}", shape) for suite, shape in shapes]
+    features = getattr(args, "features", NO_FEATURES)
+    shapes = [(suite + features.suffix(), shape) for suite, shape in shapes]
     return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes
             for dtype in args.dtypes.split(",")
@@ -180,12 +246,17 @@ def plan(args):
             and not (pass_ == "decode" and causal == "yes" and shape[1] == 1)]
 
 
-def flops(shape, causal: bool, pass_: str = "forward") -> float:
+def flops(shape, causal: bool, pass_: str = "forward", features: Features = NO_FEATURES) -> float:
     """4·B·Hq·Nq·Nkv·d, halved when causal, and 2.5 times that for the backward: the same count as fa-bench
-    (AttentionProblem::flops(Pass))."""
+    (AttentionProblem::flops(Pass)); with a window, 4·B·Hq·d times the (row, key) pairs it leaves."""
     batch, q_len, kv_len, q_heads, _, head_dim = shape
-    full = 4.0 * batch * q_heads * q_len * kv_len * head_dim
-    forward = full / 2 if causal else full
+    if features.windowed(causal):
+        pairs = sum(last - first for first, last in (key_range(i, q_len, kv_len, causal, features.window)
+                                                      for i in range(q_len)))
+        forward = 4.0 * batch * q_heads * pairs * head_dim
+    else:
+        full = 4.0 * batch * q_heads * q_len * kv_len * head_dim
+        forward = full / 2 if causal else full
     return 2.5 * forward if pass_ == "backward" else forward
 
 
@@ -207,10 +278,15 @@ def step_name(backend: str) -> str:
     return backend if backend in LIBRARIES else f"sdpa-{backend}"
 
 
-def refusal(backend: str, shape, dtype: str, causal: bool, pass_: str = "forward", page_size: int = 0):
+def refusal(backend: str, shape, dtype: str, causal: bool, pass_: str = "forward", page_size: int = 0,
+            features: Features = NO_FEATURES):
     """Why a peer does not take a configuration (None when it does): checked before any call."""
     if backend != "fa4":
+        if features.any():
+            return "SDPA takes no sliding window, soft-cap or sinks"
         return "SDPA takes no paged cache" if page_size else None
+    if features.window is not None and shape[1] != shape[2]:
+        return "FlashAttention-4 aligns the window bottom-right, the course top-left; they agree only when Nq = Nkv"
     if dtype == "f32":
         return "FlashAttention-4 takes f16 and bf16"
     if causal and shape[1] != shape[2] and pass_ != "decode":
@@ -219,12 +295,13 @@ def refusal(backend: str, shape, dtype: str, causal: bool, pass_: str = "forward
 
 
 def peer_row(step, dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps, extra, rel_err, max_err,
-             pass_="forward") -> list:
+             pass_="forward", features: Features = NO_FEATURES) -> list:
     """One peer measurement as a row of fa-bench's CSV (speedup columns nan: a peer has no step before it;
     gbps only for the decode pass)."""
     batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
     return [step, "", dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, int(causal), fmt(ms),
-            fmt(flops(shape, causal, pass_) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min), fmt(ms_max),
+            fmt(flops(shape, causal, pass_, features) / (ms * 1e9)), extra, fmt(rel_err), gpu, suite, fmt(ms_min),
+            fmt(ms_max),
             reps, "nan", "nan", "nan", fmt(max_err), pass_,
             fmt(kv_gbps(shape, dtype, ms)) if pass_ == "decode" else "nan"]
 
@@ -246,7 +323,7 @@ def open_csv(path: str):
 class Inputs:
     """Q, K, V of one shape and dtype in the course's layout [B, N, H, d]."""
 
-    def __init__(self, torch, shape, dtype, seed):
+    def __init__(self, torch, shape, dtype, seed, sinks: bool = False):
         batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
         generator = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -258,6 +335,8 @@ class Inputs:
         self.k = uniform(batch, kv_len, kv_heads, head_dim)
         self.v = uniform(batch, kv_len, kv_heads, head_dim)
         self.gqa = q_heads != kv_heads
+        # The sinks' logits, float32 [Hq], uniform in [-2, 2) (as the course's random_inputs draws them).
+        self.sinks = (torch.rand(q_heads, device="cuda", generator=generator) * 4 - 2) if sinks else None
 
 
 class DecodeCache:
@@ -332,9 +411,11 @@ def measure_decode(torch, backend: str, inputs: Inputs, shape, causal: bool, arg
     return (*event_times(torch, lambda n: calls[n % len(calls)](), args), max(0, extra), rel_err, max_err)
 
 
-def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows, bottom_right: bool = False):
+def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows, bottom_right: bool = False,
+                   features: Features = NO_FEATURES):
     """float64 attention output of the sampled rows (b, i, h): tensor [len(rows), d]; the causal mask top-left, or
-    bottom-right (a decode shape's: new token i sees keys j <= Nkv - Nq + i)."""
+    bottom-right (a decode shape's: new token i sees keys j <= Nkv - Nq + i); the features' window (top-left),
+    soft-cap and sinks as the course's reference applies them."""
     head_dim = shape[5]
     group = shape[3] // shape[4]
     out = []
@@ -343,9 +424,18 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows, bottom_righ
         k = inputs.k[b, :, h // group].double()
         v = inputs.v[b, :, h // group].double()
         scores = (k @ q) / math.sqrt(head_dim)
-        if causal:  # top-left aligned: query i sees keys j <= i; bottom-right: j <= Nkv - Nq + i
-            scores[i + 1 + (shape[2] - shape[1] if bottom_right else 0):] = -math.inf
-        out.append(torch.softmax(scores, dim=0) @ v)
+        if features.softcap > 0:
+            scores = features.softcap * torch.tanh(scores / features.softcap)
+        first, last = key_range(i, shape[1], shape[2], causal, features.window, bottom_right)
+        scores[:first] = -math.inf
+        scores[last:] = -math.inf
+        if features.sinks:  # one more logit in the softmax, with no value
+            sink = inputs.sinks[h].double().reshape(1)
+            out.append(torch.softmax(torch.cat([scores, sink]), dim=0)[:-1] @ v)
+        elif last > first:
+            out.append(torch.softmax(scores, dim=0) @ v)
+        else:  # a row that sees no key: O = 0
+            out.append(torch.zeros(head_dim, dtype=torch.float64, device=q.device))
     return torch.stack(out)
 
 
@@ -418,14 +508,18 @@ def event_times(torch, call, args):
     return statistics.median(times), min(times), max(times), len(times)
 
 
-def attention_call(torch, backend: str, inputs: Inputs, causal: bool):
+def attention_call(torch, backend: str, inputs: Inputs, causal: bool, features: Features = NO_FEATURES):
     """attend(q, k, v) -> out for one backend, all in the course's layout [B, N, H, d]: SDPA's backends get
     [B, H, N, d] views and give theirs back as views (no copies); FlashAttention-4 takes the layout itself.
     Call it inside the backend's sdpa_kernel context."""
     if backend == "fa4":
         from flash_attn.cute import flash_attn_func  # imported in main() first, with --site on the path
 
-        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)[0]
+        if not features.any():
+            return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)[0]
+        window = tuple(None if side < 0 else side for side in (features.window or (-1, -1)))
+        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=features.softcap,
+                                               learnable_sink=inputs.sinks)[0]
     import torch.nn.functional as F
 
     kwargs = {"is_causal": causal}
@@ -479,7 +573,11 @@ def measure_backward(torch, attend, inputs: Inputs, shape, causal: bool, args):
     # Accuracy of dQ on sampled rows; grads[0] is [B, N, H, d].
     rows = sampled_rows(torch, shape, args)
     got = torch.stack([grads[0][b, i, h].double() for b, i, h in rows])
-    rel_err, max_err = errors(torch, got, reference_dq_rows(torch, inputs, d_o, shape, causal, rows))
+    # The float64 dQ of a window, a cap or sinks is not written here: timed, not checked.
+    if getattr(args, "features", NO_FEATURES).any():
+        rel_err, max_err = math.nan, math.nan
+    else:
+        rel_err, max_err = errors(torch, got, reference_dq_rows(torch, inputs, d_o, shape, causal, rows))
     del grads
     return (*event_times(torch, call, args), max(0, extra), rel_err, max_err)
 
@@ -504,7 +602,8 @@ def measure(torch, attend, inputs: Inputs, shape, causal: bool, args):
     # Accuracy on sampled rows; out is [B, N, H, d].
     rows = sampled_rows(torch, shape, args)
     got = torch.stack([out[b, i, h].double() for b, i, h in rows])
-    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows))
+    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows,
+                                                         features=getattr(args, "features", NO_FEATURES)))
     del out
     return (*event_times(torch, lambda n: call(), args), max(0, extra), rel_err, max_err)
 
@@ -520,7 +619,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(",".join(COLUMNS))
         for suite, shape, dtype, causal, backend, pass_ in measurements:
-            why = refusal(backend, shape, dtype, causal, pass_, args.page_size)
+            why = refusal(backend, shape, dtype, causal, pass_, args.page_size, args.features)
             print(f"would {'skip' if why else 'time'} {step_name(backend):<14} {pass_:<8} {suite:<8} {dtype} B,Nq,Nkv,Hq,Hkv,d = "
                   f"{','.join(map(str, shape))} causal={'yes' if causal else 'no'}: {args.warmup} warm-ups, "
                   f"median of {args.reps}" + (f" ({why})" if why else ""))
@@ -557,12 +656,12 @@ def main(argv=None) -> int:
             if inputs_key != (shape, dtype):
                 inputs = None
                 torch.cuda.empty_cache()
-                inputs = Inputs(torch, shape, dtypes[dtype], args.seed)
+                inputs = Inputs(torch, shape, dtypes[dtype], args.seed, args.features.sinks)
                 inputs_key = (shape, dtype)
             what = (f"{step_name(backend):<14} {suite:<8} {dtype} {','.join(map(str, shape))} "
                     f"causal={'yes' if causal else 'no'}" + ("" if pass_ == "forward" else f" {pass_}"))
             timed = measure_backward if pass_ == "backward" else measure
-            why = refusal(backend, shape, dtype, causal, pass_, args.page_size)
+            why = refusal(backend, shape, dtype, causal, pass_, args.page_size, args.features)
             if why:
                 print(f"skip {what}: {why}")
                 continue
@@ -578,7 +677,7 @@ def main(argv=None) -> int:
                         ms, ms_min, ms_max, reps, extra, rel_err, max_err = measure_decode(torch, backend, inputs,
                                                                                           shape, causal, args)
                     else:
-                        attend = attention_call(torch, backend, inputs, causal)
+                        attend = attention_call(torch, backend, inputs, causal, args.features)
                         ms, ms_min, ms_max, reps, extra, rel_err, max_err = timed(torch, attend, inputs, shape,
                                                                                  causal, args)
             except Exception as error:  # noqa: BLE001  a library peer's refusals are its own exception types
@@ -589,9 +688,9 @@ def main(argv=None) -> int:
                 print(f"skip {what}: {str(error).splitlines()[0]}" + (f" ({reasons})" if reasons else ""))
                 torch.cuda.empty_cache()
                 continue
-            tflops = flops(shape, causal, pass_) / (ms * 1e9)
+            tflops = flops(shape, causal, pass_, args.features) / (ms * 1e9)
             writer.writerow(peer_row(step_name(backend), dtype, shape, causal, suite, gpu, ms, ms_min, ms_max, reps,
-                                     extra, rel_err, max_err, pass_))
+                                     extra, rel_err, max_err, pass_, args.features))
             f.flush()
             print(f"{what}: {ms:.4g} ms (min {ms_min:.4g}, max {ms_max:.4g}), {tflops:.3g} TFLOPS, "
                   + (f"{kv_gbps(shape, dtype, ms):.1f} GB/s, " if pass_ == "decode" else "")

@@ -81,6 +81,34 @@ assert sdpa_peers.refusal("cudnn", shape, "f32", True) is None
 planned = sdpa_peers.plan(sdpa_peers.parse_args(["--dry-run", "--backends", "fa4", "--pass", "both", "--shape",
                                                  "4,4096,4096,16,16,128", "--dtypes", "bf16", "--causal", "no"]))
 assert [m[-2:] for m in planned] == [("fa4", "forward"), ("fa4", "backward")], planned
+# The model features (issue 58): the window's rule is keys_range_in's (problem.hpp), written again here and checked
+# against a direct count; a window's FLOPs count its pairs; the suite column ends as fa-bench's does; SDPA refuses
+# them by name, FA4 a window where it would align it otherwise (Nq != Nkv).
+def seen(i, q_len, kv_len, causal, left, right):
+    keys = [j for j in range(kv_len) if (not causal or j <= i) and (left < 0 or j >= i - left)
+            and (causal or right < 0 or j <= i + right)]
+    return (keys[0], keys[-1] + 1) if keys else None
+for q_len, kv_len, causal, left, right in ((7, 7, False, 2, 1), (7, 7, True, 2, 5), (9, 4, False, 1, -1),
+                                           (5, 12, False, -1, 0), (6, 6, True, -1, -1), (300, 100, False, 50, -1)):
+    for i in range(q_len):
+        first, last = sdpa_peers.key_range(i, q_len, kv_len, causal, (left, right))
+        want = seen(i, q_len, kv_len, causal, left, right)
+        assert (want is None and first == last) or (first, last) == want, (q_len, kv_len, causal, left, right, i)
+window = sdpa_peers.Features((2, 1), 0.0, "", False)
+assert sdpa_peers.flops((2, 7, 7, 4, 2, 64), False, "forward", window) == 4.0 * 2 * 4 * 64 * sum(
+    sdpa_peers.key_range(i, 7, 7, False, (2, 1))[1] - sdpa_peers.key_range(i, 7, 7, False, (2, 1))[0] for i in range(7))
+assert sdpa_peers.Features((1024, 0), 50.0, "50", True).suffix() == "-window1024_0-softcap50-sinks"
+assert "SDPA takes no" in sdpa_peers.refusal("cudnn", shape, "f16", False, features=window)
+assert "window bottom-right" in sdpa_peers.refusal("fa4", (1, 100, 300, 4, 4, 64), "f16", False, features=window)
+assert sdpa_peers.refusal("fa4", (1, 300, 300, 4, 4, 64), "f16", True, features=window) is None
+features_plan = sdpa_peers.plan(sdpa_peers.parse_args(["--dry-run", "--backends", "fa4", "--shape",
+                                                       "1,4096,4096,16,16,128", "--dtypes", "bf16", "--causal", "yes",
+                                                       "--window", "1024,0"]))
+assert [m[0] for m in features_plan] == ["custom-window1024_0"], features_plan
+with open(os.path.join(REPO, "bench", "fa_bench.cpp")) as f:
+    bench_source = f.read()
+assert '"-window" + std::to_string(window_left) + "_" + std::to_string(window_right)' in bench_source
+assert '"-softcap" + args.get("softcap", "")' in bench_source and '"-sinks"' in bench_source
 # The Hopper tables: a rounds file's forward rows only, with an FA4 column and ratio where fa4 rows are present.
 import tables  # noqa: E402
 timed = []
@@ -96,4 +124,5 @@ assert forward_table[2].endswith("| 24 | 1.1 | – | 0.9 |"), forward_table[2]  
 assert "FA4" not in tables.rounds([r for r in timed if r["step"] != "fa4"], ["24"])  # older files keep their tables
 assert "| / FA4 |" in tables.backward(timed, ["41"]).splitlines()[0] + "|"
 print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header; "
-      "the course run's shapes map to the teaching and headline suites; fa4 rows, refusals and table columns")
+      "the course run's shapes map to the teaching and headline suites; fa4 rows, refusals and table columns; the "
+      "features' window rule, FLOPs and suite names")

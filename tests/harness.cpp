@@ -154,6 +154,17 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   softcap("scores far below it", problem(2, 129, 129, 4, 4, d0), 30.f, InputKind::uniform);
   softcap("wide scores saturate it", problem(1, 200, 300, 4, 2, d0), 5.f, InputKind::wide_10);
   softcap("with a window of 64", problem(1, 300, 300, 4, 2, d0), 20.f, InputKind::wide_10, 64);
+  // Attention sinks (gpt-oss), run only by the steps that take them: random sink logits, sinks that dominate every
+  // row (O some 400 times smaller than without), and sinks with a window whose late rows see no key (O = 0, and the
+  // LSE is the sink's logit).
+  auto sink = [&](const std::string& name, AttentionProblem p, InputKind kind, int left = -1) {
+    p.sinks = true, p.window_left = left;
+    add(out, "sinks: " + name, p, kind, dtypes, true, max_len);
+  };
+  sink("random logits", problem(2, 129, 200, 4, 2, d0), InputKind::uniform);
+  sink("a sink that outweighs every row's keys", problem(1, 100, 300, 4, 4, d0), InputKind::dominant_sink);
+  sink("with a window of 32, q_len > kv_len: late rows see only the sink", problem(1, 300, 100, 2, 1, d0),
+       InputKind::uniform, 32);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
@@ -285,8 +296,13 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
       for (std::int64_t e = at(p, b, p.kv_len_of(b), p.kv_len, p.kv_heads, 0, 0); e < at(p, b + 1, 0, p.kv_len, p.kv_heads, 0, 0); ++e)
         in.k.set(e, NAN), in.v.set(e, NAN);
 
+  if (c.kind == InputKind::dominant_sink)
+    for (int h = 0; h < p.q_heads; ++h) in.sinks.set(h, 6.0 + std::log(double(p.kv_len)));
+
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
-  prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score, &prep.expected_lse);
+  const std::vector<double> sinks = p.sinks ? in.sinks.to_double() : std::vector<double>();
+  const std::vector<double>* sinks_in = p.sinks ? &sinks : nullptr;
+  prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score, &prep.expected_lse, sinks_in);
   if (pass == Pass::backward) {
     // What the forward hands the backward, as a forward step would store it: O in the dtype, LSE in
     // f32; and the gradient flowing in, dO, of order 1 like O. The gradients are those of the exact
@@ -298,7 +314,7 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
     b.lse = HostTensor(DType::f32, lse_shape(p));
     for (std::int64_t e = 0; e < b.lse.numel(); ++e) b.lse.set(e, prep.expected_lse[e]);
     b.d_o = random_tensor(p.dtype, q_shape(p), seed * 3 + 4);
-    ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double());
+    ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double(), sinks_in);
     prep.expected_dq = std::move(g.dq), prep.expected_dk = std::move(g.dk), prep.expected_dv = std::move(g.dv);
   }
   if (c.kind == InputKind::zero_scale || c.kind == InputKind::dominant_key) {

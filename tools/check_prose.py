@@ -69,6 +69,7 @@ PARTS = [  # (key, name), in reading order
     ("hopper", "Hopper (wgmma, TMA)"),
     ("backward", "The backward pass"),
     ("decode", "Inference: decode"),
+    ("features", "Model features"),
 ]
 DTYPE = {"float": "f32", "__half": "f16", "__nv_bfloat16": "bf16"}
 # GPU classes a class might have, oldest first: (name, compute capability). CUDA 13's nvcc builds for
@@ -90,6 +91,7 @@ class Step:
     arch_specific: bool = False
     backward: bool = False
     decode: bool = False
+    features: bool = False
     dtypes: tuple = ()
 
     @property
@@ -100,6 +102,8 @@ class Step:
     def part(self) -> str:
         if self.decode:
             return "decode"
+        if self.features:
+            return "features"
         if self.backward:
             return "backward"
         if self.arch_specific:
@@ -167,7 +171,7 @@ def steps_from_sources(root: str) -> list:
         steps.append(Step(
             id=name[:2], dir=name, min_arch=int(arch.group(1)) if arch else 0,
             arch_specific=bool(re.search(r"arch_specific\s*=\s*true", body)),
-            backward="Pass::backward" in body, decode="cache_forms" in body,
+            backward="Pass::backward" in body, decode="cache_forms" in body, features="Features features{" in body,
             dtypes=tuple(DTYPE[t.strip()] for t in dtypes.group(1).split(",")) if dtypes else ()))
     return steps
 
@@ -190,7 +194,7 @@ def steps_from_fa_run(fa_run: str, root: str) -> list:
         m = re.match(r"^sm_(\d+)(a?)$", gpu)
         steps.append(Step(id=sid, dir=dirs.get(sid, ""), min_arch=int(m.group(1)) if m else 0,
                           arch_specific=bool(m and m.group(2)), backward=pass_ == "backward",
-                          decode="[KV cache:" in line[59:],
+                          decode="[KV cache:" in line[59:], features="[features:" in line[59:],
                           dtypes=tuple(d.strip() for d in line[14:29].split(","))))
     return steps
 

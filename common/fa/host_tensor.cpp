@@ -139,9 +139,11 @@ HostTensor from_pages(const AttentionProblem& p, const HostTensor& pool, const s
 }
 
 AttentionInputs random_inputs(const AttentionProblem& p, std::uint64_t seed, double q_range) {
-  return {random_tensor(p.dtype, q_shape(p), seed * 3 + 1, -q_range, q_range),
-          random_tensor(p.dtype, kv_shape(p), seed * 3 + 2),
-          random_tensor(p.dtype, kv_shape(p), seed * 3 + 3)};
+  AttentionInputs in{random_tensor(p.dtype, q_shape(p), seed * 3 + 1, -q_range, q_range),
+                     random_tensor(p.dtype, kv_shape(p), seed * 3 + 2), random_tensor(p.dtype, kv_shape(p), seed * 3 + 3),
+                     HostTensor()};
+  if (p.sinks) in.sinks = random_tensor(DType::f32, {p.q_heads}, seed * 3 + 5, -2.0, 2.0);
+  return in;
 }
 
 }  // namespace fa

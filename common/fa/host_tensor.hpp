@@ -47,11 +47,12 @@ std::vector<std::int64_t> lse_shape(const AttentionProblem& p);
 HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed,
                          double lo = -1.0, double hi = 1.0);
 
-/// Q, K and V for a problem, drawn from one seed.
+/// Q, K and V for a problem, drawn from one seed; with sinks, their logits too, uniform in [-2, 2).
 struct AttentionInputs {
   HostTensor q;  ///< [batch, q_len, q_heads, head_dim]
   HostTensor k;  ///< [batch, kv_len, kv_heads, head_dim]
   HostTensor v;  ///< [batch, kv_len, kv_heads, head_dim]
+  HostTensor sinks;  ///< f32 [q_heads]: each query head's sink logit, with AttentionProblem::sinks (else empty)
 };
 /// What the backward reads besides Q, K and V: the forward's outputs and the gradient flowing in.
 struct BackwardInputs {

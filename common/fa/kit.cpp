@@ -170,6 +170,9 @@ void check_cache_tensors(const char* step, const AttentionProblem& p, const Atte
   if (p.paged() && !t.page_table)
     throw InvalidProblem(std::string(step) + ": tensor page_table is missing (a null pointer); a paged cache " +
                          "needs it, int32 [batch, kv_len / page_size]");
+  if (p.sinks && !t.sinks)
+    throw InvalidProblem(std::string(step) + ": tensor sinks is missing (a null pointer); sinks need their logits, " +
+                         "float32 [q_heads]");
 }
 
 LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch, bool specific)

@@ -23,8 +23,8 @@ inline constexpr unsigned kWorkspaceAlignment = 16;
 /// kWorkspaceAlignment-byte aligned. LSE is optional in the forward, required in the backward.
 void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace,
                    Pass pass = Pass::forward);
-/// Throws InvalidProblem unless the device copies the KV-cache forms p uses are set: t.kv_lens with
-/// per-sequence lengths, t.page_table with a paged cache.
+/// Throws InvalidProblem unless the device copies the KV-cache forms and features p uses are set: t.kv_lens with
+/// per-sequence lengths, t.page_table with a paged cache, t.sinks with sinks.
 void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t);
 
 /// While dispatch() runs a step's body, the step and problem that kit::launch reports in its messages,

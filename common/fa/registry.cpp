@@ -71,6 +71,7 @@ namespace step47 { Launcher launcher(); }
 namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
+namespace step51 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -236,6 +237,9 @@ const std::vector<StepInfo>& all_steps() {
       {"50", "", "softcap",
        "logit soft-capping (Gemma 2): each score capped to c tanh(s / c) on S's fragments, tanh from exp2 to float rounding; with step 49's window",
        step50::launcher()},
+      {"51", "", "attention_sinks",
+       "attention sinks (gpt-oss): each head's sink logit joins every row's max and sum once, at the row's end; with step 50's window and cap",
+       step51::launcher()},
   };
   return steps;
 }
@@ -394,7 +398,9 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
                    DType dtype) {
     if (t.dtype != dtype || t.shape != shape)
       throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" + p.describe() +
-                           (dtype == p.dtype ? ")" : "; LSE is f32 [batch, q_heads, q_len])"));
+                           (dtype == p.dtype ? ")"
+                            : shape.size() == 1 ? "; the sinks are f32 [q_heads])"
+                                                : "; LSE is f32 [batch, q_heads, q_len])"));
   };
   check(inputs.q, "Q", q_shape(p), p.dtype);
   check(inputs.k, "K", kv_shape(p), p.dtype);
@@ -415,6 +421,11 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
   if (!p.kv_lens.empty()) {
     kv_lens = DeviceBuffer(p.kv_lens.size() * sizeof(int));
     kv_lens.upload(p.kv_lens.data(), p.kv_lens.size() * sizeof(int));
+  }
+  if (p.sinks) {
+    check(inputs.sinks, "the sinks", {p.q_heads}, DType::f32);
+    sinks = DeviceBuffer(inputs.sinks.byte_size());
+    sinks.upload(inputs.sinks.bytes.data(), inputs.sinks.byte_size());
   }
   if (backward) {
     check(backward->o, "O", q_shape(p), p.dtype);
@@ -445,6 +456,7 @@ AttentionTensors DeviceAttention::tensors() const {
   t.kv_lens = static_cast<const int*>(kv_lens.get());
   t.page_table = static_cast<const int*>(page_table.get());
   t.cache_status = cache_status.as<int>();
+  t.sinks = static_cast<const float*>(sinks.get());
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
   return t;
 }

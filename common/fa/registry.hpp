@@ -125,10 +125,11 @@ struct DeviceAttention {
   DeviceBuffer kv_lens;    ///< the problem's per-sequence lengths, int32 [batch] (when it has them)
   DeviceBuffer page_table; ///< a paged problem's page table, int32 [batch, kv_len / page_size]
   DeviceBuffer cache_status;  ///< int32[4], zero: where a decode step records a refused length or page entry
+  DeviceBuffer sinks;      ///< the sinks' logits, f32 [q_heads] (with AttentionProblem::sinks)
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
   /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
   /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
-  /// other pages NaN; per-sequence lengths are uploaded too.
+  /// other pages NaN; per-sequence lengths and the sinks' logits are uploaded too.
   DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes,
                   const BackwardInputs* backward = nullptr);
   /// Poisons every output of the pass with NaN (O and LSE, or dQ, dK and dV).

@@ -273,9 +273,18 @@ struct Call {
 /// the causal mask, the scale and the KV cache's forms. A page table makes K and V page pools [pages, page_size,
 /// Hkv, d] and the cache's capacity pages_per_sequence x page_size. kv_lens and the page table are never read on
 /// the host: the problem takes each length as the capacity, and the decode kernels check the values (see the top).
+/// The models' features of a call (issue 58), FlashAttention's names: window_size = (left, right) (-1: an open
+/// side), softcap (0: none), sinks (float32 [Hq], one logit a query head, or none).
+struct FeatureArgs {
+  int window_left = -1;
+  int window_right = -1;
+  double softcap = 0;
+  OptionalTensor sinks;
+};
+
 Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
               std::optional<double> scale, const std::string& causal_align, const OptionalTensor& kv_lens,
-              const OptionalTensor& page_table, fa::Pass pass) {
+              const OptionalTensor& page_table, fa::Pass pass, const FeatureArgs& features = {}) {
   const StepInfo& step = step_named(label);
   if (step.pass != pass)
     throw std::invalid_argument("step " + step.label() + " is a " + fa::to_string(step.pass) + " step; call " +
@@ -307,6 +316,15 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     check_ints(*kv_lens, "kv_lens", {p.batch});
     p.kv_lens.assign(std::size_t(p.batch), p.kv_len);
   }
+  p.window_left = features.window_left, p.window_right = features.window_right;
+  p.softcap = float(features.softcap), p.sinks = features.sinks.has_value();
+  if (features.sinks) {
+    const TensorShape sinks_shape = shape_of(*features.sinks, "sinks");
+    if (sinks_shape.dtype != DType::f32 || sinks_shape.shape != std::vector<std::int64_t>{p.q_heads})
+      throw std::invalid_argument("sinks: one float32 logit a query head, float32 [" + std::to_string(p.q_heads) +
+                                  "]; got " + fa::to_string(sinks_shape.dtype) + " " +
+                                  fa::shape_text(sinks_shape.shape));
+  }
   // What the step takes, refused by the kit's own words before anything touches the GPU.
   fa::validate(p);
   if (!step.supports(p.dtype) || !step.supports_head_dim(p.head_dim)) {
@@ -319,6 +337,7 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
   call.t.q = q.data(), call.t.k = k.data(), call.t.v = v.data();
   if (page_table) call.t.page_table = static_cast<const int*>(page_table->data());
   if (kv_lens) call.t.kv_lens = static_cast<const int*>(kv_lens->data());
+  if (features.sinks) call.t.sinks = static_cast<const float*>(features.sinks->data());
   call.on_gpu = q.device_type() == nb::device::cuda::value;
   if (call.on_gpu) call.device = q.device_id();
   return call;
@@ -387,6 +406,7 @@ nb::dict describe(const StepInfo& s) {
   d["needs_workspace"] = s.workspace_bytes != nullptr;
   d["kv_lens"] = s.cache_forms.kv_lens, d["paged"] = s.cache_forms.paged;
   d["bottom_right"] = s.cache_forms.bottom_right, d["max_q_len"] = s.cache_forms.max_q_len;
+  d["window"] = s.features.window, d["softcap"] = s.features.softcap, d["sinks"] = s.features.sinks;
   return d;
 }
 
@@ -405,10 +425,12 @@ NB_MODULE(_ext, m) {
   m.def("workspace_bytes",
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
            std::optional<double> scale, const std::string& causal_align, const OptionalTensor& kv_lens,
-           const OptionalTensor& page_table) {
+           const OptionalTensor& page_table, int window_left, int window_right, double softcap,
+           const OptionalTensor& sinks) {
           report_earlier_faults(q);
           const fa::Pass pass = step_named(step).pass;
-          const Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, pass);
+          const Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, pass,
+                                     {window_left, window_right, softcap, sinks});
           check_memory(q, "q", -1), check_memory(k, "k", call.device), check_memory(v, "v", call.device);
           if (kv_lens) check_memory(*kv_lens, "kv_lens", call.device);
           if (page_table) check_memory(*page_table, "page_table", call.device);
@@ -418,7 +440,8 @@ NB_MODULE(_ext, m) {
         },
         nb::arg("step"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("causal") = false,
         nb::arg("scale") = nb::none(), nb::arg("causal_align") = "top-left", nb::arg("kv_lens") = nb::none(),
-        nb::arg("page_table") = nb::none(),
+        nb::arg("page_table") = nb::none(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(),
         "Bytes of workspace the step needs for this call on q's device (0: none). The size follows that device's "
         "SM count for the decode steps.");
 
@@ -426,14 +449,15 @@ NB_MODULE(_ext, m) {
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
            const OptionalTensor& lse, const OptionalTensor& workspace, bool causal, std::optional<double> scale,
            const std::string& causal_align, const OptionalTensor& kv_lens, const OptionalTensor& page_table,
-           std::uintptr_t stream) {
+           int window_left, int window_right, double softcap, const OptionalTensor& sinks, std::uintptr_t stream) {
           report_earlier_faults(q);
-          Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, fa::Pass::forward);
+          Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, fa::Pass::forward,
+                               {window_left, window_right, softcap, sinks});
           check_form(out, "out", fa::q_shape(call.p), call.p.dtype);
           if (lse) check_form(*lse, "lse", fa::lse_shape(call.p), DType::f32);
           check_overlaps({{"out", &out}, {"lse", lse ? &*lse : nullptr}, {"workspace", workspace ? &*workspace : nullptr}},
                          {{"q", &q}, {"k", &k}, {"v", &v}, {"kv_lens", kv_lens ? &*kv_lens : nullptr},
-                          {"page_table", page_table ? &*page_table : nullptr}});
+                          {"page_table", page_table ? &*page_table : nullptr}, {"sinks", sinks ? &*sinks : nullptr}});
           call.t.o = out.data();
           if (lse) call.t.lse = static_cast<float*>(lse->data());
           DeviceGuard guard;
@@ -441,6 +465,7 @@ NB_MODULE(_ext, m) {
           check_memory(q, "q", -1), check_memory(k, "k", call.device), check_memory(v, "v", call.device);
           if (page_table) check_memory(*page_table, "page_table", call.device);
           if (kv_lens) check_memory(*kv_lens, "kv_lens", call.device);
+          if (sinks) check_memory(*sinks, "sinks", call.device);
           check_memory(out, "out", call.device);
           if (lse) check_memory(*lse, "lse", call.device);
           if (workspace) check_memory(*workspace, "workspace", call.device);
@@ -449,14 +474,16 @@ NB_MODULE(_ext, m) {
         nb::arg("step"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::kw_only(),
         nb::arg("lse") = nb::none(), nb::arg("workspace") = nb::none(), nb::arg("causal") = false,
         nb::arg("scale") = nb::none(), nb::arg("causal_align") = "top-left", nb::arg("kv_lens") = nb::none(),
-        nb::arg("page_table") = nb::none(), nb::arg("stream") = 0,
+        nb::arg("page_table") = nb::none(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(), nb::arg("stream") = 0,
         "O (and, when given, the rows' log-sum-exp LSE, float32 [B, Hq, Nq]) of a forward or decode step, written "
         "into out [B, Nq, Hq, d], on `stream`, with q's device current. The workspace (workspace_bytes() of it, "
         "uint8, 16-byte aligned) is zeroed on `stream` before the launch. kv_lens and page_table stay on the GPU: "
         "the kernel checks their values, and a value it refuses (a length outside 0 .. capacity, a page entry "
         "outside the pool) is raised as ValueError by the next call on this device or by check(). No host sync "
         "and no allocation: a CUDA graph can capture the call (after one call outside the capture, which makes "
-        "the device's status record).");
+        "the device's status record). window_left and window_right (FlashAttention's window_size, -1 an open side), "
+        "softcap and sinks (float32 [Hq]) are the models' features, taken by the steps that list them (steps()).");
 
   m.def("backward",
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -21,7 +21,7 @@ enum class InputKind {
   offset_minus_1000,  ///< every score of a row shifted by -8192 * scale (about -1000): the LSE is about -1000
   zero_scale,    ///< scale = 0: every visible key weighs the same, O is the mean of V's visible rows
   dominant_key,  ///< key 0 outscores every other by about 40: O is V's row 0, exactly
-  dominant_sink,  ///< with sinks: each head's sink logit 6 + ln(kv_len), so it weighs some 400 times a row's keys
+  dominant_sink,  ///< with sinks: each head's sink logit 4 + ln(kv_len), so it weighs some 50 times a row's keys
 };
 
 /// One case of the harness: a problem and how its inputs are made.

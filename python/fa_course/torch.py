@@ -28,11 +28,14 @@ def _workspace(step: str, q, k, v, **forms):
 
 
 def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-left", kv_lens=None,
-            page_table=None):
-    """O and LSE (float32 [B, Hq, Nq]) of forward (or decode) step `step`: new tensors."""
+            page_table=None, window_size=(-1, -1), softcap=0.0, sinks=None):
+    """O and LSE (float32 [B, Hq, Nq]) of forward (or decode) step `step`: new tensors. window_size, softcap and
+    sinks (float32 [Hq]) are FlashAttention's models' features, for the steps that take them."""
     out = _torch.empty_like(q)
     lse = _torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=_torch.float32, device=q.device)
-    forms = dict(causal=causal, scale=scale, causal_align=causal_align, kv_lens=kv_lens, page_table=page_table)
+    left, right = (-1 if side is None else int(side) for side in window_size)
+    forms = dict(causal=causal, scale=scale, causal_align=causal_align, kv_lens=kv_lens, page_table=page_table,
+                 window_left=left, window_right=right, softcap=float(softcap), sinks=sinks)
     _ext.forward(step, q, k, v, out, lse=lse, workspace=_workspace(step, q, k, v, **forms), stream=_stream(q),
                  **forms)
     return out, lse

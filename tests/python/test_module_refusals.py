@@ -116,6 +116,23 @@ long = fa_run_paged(np.array([[2, 0], [1, 3]], np.int32), "8,9")
 assert long.returncode == 1 and ("attention problem: kv_lens[1] = 9 is outside 0 .. kv_len = 8 (kv_len is the "
                                  "cache's capacity per sequence)") in long.stderr, long.stderr
 
+# The models' features (issue 58): a step refuses by name the ones it does not take; a step that takes them gets past
+# every refusal to the host memory's; sinks of another form than float32 [Hq] are refused.
+assert listed["49"]["window"] and not listed["49"]["softcap"] and listed["51"]["sinks"] and not listed["25"]["window"]
+assert refusal(fa_course.forward, "25", q, k, v, out, window_left=4, window_right=0).startswith(
+    "step 25: window = (4, 0) is not supported; supported: (-1, -1), no window")
+assert refusal(fa_course.forward, "49", q, k, v, out, softcap=30.0).startswith(
+    "step 49: softcap = 30.000000 is not supported; supported: 0, no soft-capping")
+sinks = np.zeros(4, np.float32)
+assert refusal(fa_course.forward, "50", q, k, v, out, sinks=sinks).startswith("step 50: sinks = on is not supported")
+assert refusal(fa_course.forward, "51", q, k, v, out, window_left=4, softcap=30.0, sinks=sinks,
+               workspace=np.zeros(16, np.uint8)).startswith("q: the tensor is not in CUDA device memory")
+assert refusal(fa_course.forward, "51", q, k, v, out, sinks=np.zeros(2, np.float32)) == (
+    "sinks: one float32 logit a query head, float32 [4]; got f32 [2]")
+assert refusal(fa_course.forward, "51", q, k, v, out, sinks=sinks.astype(np.float16)) == (
+    "sinks: one float32 logit a query head, float32 [4]; got f16 [4]")
+assert refusal(fa_course.forward, "49", q, k, v, out, window_left=-2).startswith("attention problem: window")
+
 # Where the tensors live: host memory is refused by name, before anything runs.
 message = refusal(fa_course.forward, "11", q, k, v, out)
 assert message.startswith("q: the tensor is not in CUDA device memory"), message

@@ -18,7 +18,8 @@
 // (a comma list or an int32 .npy [B]); --page-table T.npy [B, kv_len / page_size] makes --k and --v page pools
 // [pages, page_size, Hkv, d]; with --random, --page-size N stores K and V so (pages in a shuffled order) and
 // --dump writes the pools, page_table.npy and kv_lens.npy; --causal-align bottom-right aligns the causal mask
-// to the end of each sequence (speculative decoding).
+// to the end of each sequence (speculative decoding). The models' features: --window LEFT,RIGHT, --softcap C,
+// --sinks SINKS.npy (float32 [Hq]; with --random, --sinks random), for the steps that take them.
 // NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
@@ -55,6 +56,9 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          int32 [B, kv_len / page_size], lists each sequence's pages; with --random, [--page-size N] pages them
          (in a shuffled order; --dump writes k.npy and v.npy as pools, page_table.npy, kv_lens.npy);
          [--causal-align top-left|bottom-right] with --causal: bottom-right, the last query row sees every key
+       the models' features (steps that take them; others refuse them): [--window LEFT,RIGHT] a sliding window
+         (FlashAttention's window_size, -1 an open side); [--softcap C] logit soft-capping; [--sinks SINKS.npy]
+         one float32 logit a query head ([Hq]), or with --random, --sinks random (--dump writes sinks.npy)
        fa-run --list     every step and variant, with the dtypes, head_dims, GPU and pass
        bf16 .npy files do not exist: bf16 tensors are written as float32, and
        float32 files with --dtype bf16 are rounded to bf16
@@ -105,6 +109,36 @@ std::vector<int> kv_lens_from(const std::string& text) {
   return out;
 }
 
+// The models' features (issue 58), FlashAttention's names: --window LEFT,RIGHT (-1: an open side), --softcap C,
+// --sinks (a float32 .npy of Hq logits, or "random" with --random). Sets them on p; validate() checks the values.
+void set_features(AttentionProblem& p, const Args& args) {
+  if (args.has("window")) {
+    const auto sides = Args::split(args.get("window", ""));
+    std::size_t used[2] = {0, 0};
+    try {
+      if (sides.size() == 2)
+        p.window_left = std::stoi(sides[0], &used[0]), p.window_right = std::stoi(sides[1], &used[1]);
+    } catch (const std::exception&) {
+      used[0] = 0;
+    }
+    if (sides.size() != 2 || used[0] != sides[0].size() || used[1] != sides[1].size())
+      throw std::invalid_argument("--window must be LEFT,RIGHT, two whole numbers of keys, -1 for an open side; got '" +
+                                  args.get("window", "") + "'");
+  }
+  if (args.has("softcap")) p.softcap = float(args.get_number("softcap", 0));
+  p.sinks = args.has("sinks");
+}
+
+// The sinks' logits from --sinks FILE.npy: float32 [Hq].
+HostTensor sinks_from(const std::string& path, const AttentionProblem& p) {
+  HostTensor sinks = read_npy(path);
+  if (sinks.dtype != DType::f32 || sinks.shape != std::vector<std::int64_t>{p.q_heads})
+    throw std::invalid_argument(path + ": the sinks are one float32 logit a query head, float32 [" +
+                                std::to_string(p.q_heads) + "]; got " + to_string(sinks.dtype) + " " +
+                                shape_text(sinks.shape));
+  return sinks;
+}
+
 // Refuses a backward call's O, LSE and dO that do not fit the problem read off Q, K, V. `files` names
 // O, LSE and dO.
 void check_backward_inputs(const AttentionProblem& p, const BackwardInputs& in, const std::string (&files)[3]) {
@@ -139,9 +173,10 @@ void refuse_other_pass(const StepInfo& step, const Args& args) {
 bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, const HostTensor& d_o,
                      const Gradients& g) {
   const std::vector<double> q = inputs.q.to_double(), k = inputs.k.to_double(), v = inputs.v.to_double();
+  const std::vector<double> sinks = p.sinks ? inputs.sinks.to_double() : std::vector<double>();
   double max_abs_score = 0;
-  reference_attention(p, q, k, v, &max_abs_score);
-  const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double());
+  reference_attention(p, q, k, v, &max_abs_score, nullptr, p.sinks ? &sinks : nullptr);
+  const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double(), p.sinks ? &sinks : nullptr);
   const std::vector<Verdict> verdicts = judge_gradients(g, ref.dq, ref.dk, ref.dv, p.head_dim, max_abs_score);
   bool ok = true;
   for (const Verdict& verdict : verdicts) {
@@ -155,7 +190,8 @@ bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, c
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed", "lse-out", "o", "lse",
-                   "do", "dq", "dk", "dv", "kv-lens", "page-size", "page-table", "causal-align"},
+                   "do", "dq", "dk", "dv", "kv-lens", "page-size", "page-table", "causal-align", "window",
+                   "softcap", "sinks"},
                   {"help", "causal", "check", "list"});
   if (args.has("list")) {
     print_step_list(std::cout);
@@ -188,6 +224,10 @@ int run(int argc, char** argv) {
       p.page_size = int(args.get_number("page-size", 0));
       if (p.page_size > 0) p.pages = p.batch * (p.kv_len / p.page_size);
     }
+    set_features(p, args);
+    if (args.has("sinks") && args.get("sinks", "") != "random")
+      throw std::invalid_argument("with --random, --sinks random draws the sinks (uniform in [-2, 2)); got '" +
+                                  args.get("sinks", "") + "'");
     validate(p);
     inputs = random_inputs(p, std::uint64_t(args.get_number("seed", 1)));
     out_path = (dump / "o.npy").string();
@@ -267,6 +307,10 @@ int run(int argc, char** argv) {
     }
   }
   p.causal = args.has("causal");
+  if (!args.has("random")) {
+    set_features(p, args);
+    if (p.sinks) inputs.sinks = sinks_from(args.get("sinks", ""), p);
+  }
   if (args.has("scale")) p.scale = float(args.get_number("scale", 0));
   if (args.has("kv-lens")) p.kv_lens = kv_lens_from(args.get("kv-lens", ""));
   if (args.has("causal-align")) {
@@ -298,6 +342,7 @@ int run(int argc, char** argv) {
       write_npy((dump / "v.npy").string(), inputs.v);
     }
     if (!p.kv_lens.empty()) write_npy_ints((dump / "kv_lens.npy").string(), {p.batch}, p.kv_lens);
+    if (p.sinks) write_npy((dump / "sinks.npy").string(), inputs.sinks);
     if (backward) {
       write_npy((dump / "o.npy").string(), backward_inputs.o);
       write_npy((dump / "lse.npy").string(), backward_inputs.lse);
@@ -330,7 +375,9 @@ int run(int argc, char** argv) {
     std::printf("row log-sum-exp (float32 [B, Hq, Nq]) -> %s\n", lse_path.c_str());
   }
   if (args.has("check")) {
-    const auto ref = reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double());
+    const std::vector<double> sinks = p.sinks ? inputs.sinks.to_double() : std::vector<double>();
+    const auto ref = reference_attention(p, inputs.q.to_double(), inputs.k.to_double(), inputs.v.to_double(), nullptr,
+                                         nullptr, p.sinks ? &sinks : nullptr);
     const ErrorStats stats = compare(out, ref);
     const bool ok = within(stats, tolerance_for(p.dtype));
     std::printf("vs float64 CPU reference: %s (%s)\n", stats.describe().c_str(), ok ? "within tolerance" : "OUT OF TOLERANCE");

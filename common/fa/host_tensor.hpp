@@ -52,7 +52,7 @@ struct AttentionInputs {
   HostTensor q;  ///< [batch, q_len, q_heads, head_dim]
   HostTensor k;  ///< [batch, kv_len, kv_heads, head_dim]
   HostTensor v;  ///< [batch, kv_len, kv_heads, head_dim]
-  HostTensor sinks;  ///< f32 [q_heads]: each query head's sink logit, with AttentionProblem::sinks (else empty)
+  HostTensor sinks{};  ///< f32 [q_heads]: each query head's sink logit, with AttentionProblem::sinks (else empty)
 };
 /// What the backward reads besides Q, K and V: the forward's outputs and the gradient flowing in.
 struct BackwardInputs {

@@ -128,7 +128,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   // Lane l < 16 follows key l of the warp's slice through the pages, kLookahead tiles ahead of the copies: `walk` is
   // the key, (`page`, `offset`) its page of the sequence and its row in it. A tile on is kTileKeys keys on, step_pages
   // pages and step_rows rows (one division for the block); lanes 16-31 repeat lanes 0-15's keys. `held[x]` is the
-  // table entry, as read, of the tile x + 1 ahead of the next copies, and its key's row in the page.
+  // table entry, as read, of the tile x after the next copies' own (held[0]: theirs), and its key's row in the page.
   struct Held {
     int entry, offset;
   };

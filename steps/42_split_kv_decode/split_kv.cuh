@@ -1,6 +1,6 @@
 /// @file split_kv.cuh
 /// @brief Step 42's pieces of split-KV decoding that the later decode steps include: 16-byte loads unpacked to
-/// floats, the split rule, and the combine kernel that merges the splits' partial O with their log-sum-exp weights.
+/// floats, the split rule and the workspace it sizes, and the combine kernel that merges the splits' partial O with their log-sum-exp weights.
 #pragma once
 
 #include "fa/kit.cuh"
@@ -50,6 +50,15 @@ inline int splits_for(int kv_len, std::int64_t work, int slots) {
   int splits = 1;
   while (fill(splits) < 0.99 * best) ++splits;
   return splits;
+}
+
+/// The workspace of a split-KV launch: the splits' partial O ([splits][batch][q_len][q_heads][D] floats), then their
+/// LSE ([splits][batch][q_len][q_heads] floats, log2 units); sized for the most splits any launch takes with `work`
+/// blocks a split and as many blocks an SM as `threads` a block allow (the launcher counts that many or fewer).
+inline std::size_t workspace_bytes(const AttentionProblem& p, std::int64_t work, int threads) {
+  const int slots = (2048 / threads) * kit::device_multiprocessors();
+  const std::size_t splits = std::size_t(most_splits(p.kv_len, work, slots));
+  return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
 }
 ///@}
 

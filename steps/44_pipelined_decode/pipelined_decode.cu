@@ -222,17 +222,9 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
 }
 
-/// The most split blocks an SM holds: as many as its threads allow (the launcher counts kSplitBlocksPerSM).
-constexpr int kMaxResident = 2048 / kThreads;
-
-/// The workspace: the splits' partial O ([splits][batch][q_len][q_heads][D] floats), then their LSE
-/// ([splits][batch][q_len][q_heads] floats, log2 units); sized for the most splits any launch takes (with the
-/// fewest blocks a split: one chunk a KV head).
+/// The workspace: step 42's (decode::workspace_bytes), sized for the fewest blocks a split: one a (batch, KV head).
 std::size_t workspace_bytes(const AttentionProblem& p) {
-  const std::int64_t work = std::int64_t(p.batch) * p.kv_heads;
-  const int slots = kMaxResident * kit::device_multiprocessors();
-  const std::size_t splits = std::size_t(decode::most_splits(p.kv_len, work, slots));
-  return splits * std::size_t(p.q_elements() + p.lse_elements()) * sizeof(float);
+  return decode::workspace_bytes(p, std::int64_t(p.batch) * p.kv_heads, kThreads);
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel

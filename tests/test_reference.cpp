@@ -524,6 +524,38 @@ TEST_CASE("features: a window's keys are FlashAttention's, aligned as the causal
   CHECK_FALSE(none.windowed());
 }
 
+TEST_CASE("features: rows_range_in gives the rows whose keys_range_in holds the key, for every window", "[cpu][features]") {
+  // A backward kernel walks, for a K/V tile, the rows that see its keys: rows_range_in, the inverse of the one rule.
+  // Brute force over small sequences, both alignments, causal or not, every window side from open to past the
+  // sequence: row i is in rows_range_in(j) exactly when j is in keys_range_in(i), and those rows are one run.
+  int checked = 0;
+  for (int len : {1, 3, 7, 12})
+    for (int q_len : {1, 4, 7, 13})
+      for (bool causal : {false, true})
+        for (bool bottom_right : {false, true}) {
+          for (int left = -1; left <= 14; ++left)
+            for (int right = -1; right <= 14; ++right)
+              for (int j = -1; j <= len; ++j) {
+                const RowRange rows = rows_range_in(len, q_len, j, causal, bottom_right, left, right);
+                INFO("len=" << len << " q_len=" << q_len << " causal=" << causal << " bottom_right=" << bottom_right
+                            << " window=(" << left << ", " << right << ") key " << j << ": rows [" << rows.first
+                            << ", " << rows.last << ")");
+                REQUIRE(rows.first <= rows.last);
+                for (int i = 0; i < q_len; ++i) {
+                  const KeyRange keys = keys_range_in(len, q_len, i, causal, bottom_right, left, right);
+                  const bool sees = j >= keys.first && j < keys.last;
+                  const bool listed = i >= rows.first && i < rows.last;
+                  if (sees != listed) {
+                    INFO("row " << i << " sees keys [" << keys.first << ", " << keys.last << ")");
+                    REQUIRE(sees == listed);
+                  }
+                }
+                ++checked;
+              }
+        }
+  CHECK(checked > 10000);
+}
+
 TEST_CASE("features: the reference's windowed, capped and sunk rows are the plain formula's", "[cpu][features]") {
   for (bool causal : {false, true})
     for (auto [left, right] : {std::pair{-1, -1}, std::pair{0, 0}, std::pair{2, 1}, std::pair{3, -1}, std::pair{-1, 2},

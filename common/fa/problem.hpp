@@ -26,7 +26,8 @@
 /// - logit soft-capping (`softcap` > 0, Gemma 2): each score s = scale q.k becomes softcap tanh(s / softcap);
 /// - attention sinks (`sinks`, gpt-oss): a logit per query head (AttentionTensors::sinks, float [q_heads]) in
 ///   every row's softmax denominator and none of its values: LSE_i = ln(sum_j exp(s_ij) + exp(sink_h)),
-///   P_ij = exp(s_ij - LSE_i). A row that sees no key then has O = 0 and LSE = sink_h.
+///   P_ij = exp(s_ij - LSE_i). A row that sees no key then has O = 0 and LSE = sink_h. A backward step that takes
+///   them also writes their gradient, dLoss/dsink_h (AttentionTensors::dsinks, float [q_heads]).
 #pragma once
 
 #include "fa/dtype.hpp"
@@ -107,6 +108,26 @@ FA_HOST_DEVICE constexpr KeyRange keys_range_in(int len, int q_len, int i, bool 
   if (last < 0) last = 0;
   if (first > last) first = last;
   return {first, last};
+}
+
+/// The query rows [first, last) that see a key: rows_range_in's answer (empty: first == last).
+using RowRange = KeyRange;
+/// The query rows of q_len that see key j of a sequence of len keys: the rows i whose keys_range_in(len, q_len, i,
+/// ...) holds j. Both ends of a row's keys grow with the row, so these rows are one run, and both of its ends grow
+/// with j. Empty for a key past len or one no row sees. The inverse of the one rule (keys_range_in), not a second
+/// rule: a CPU test checks it against keys_range_in row by row. A backward kernel's K/V tile walks these rows.
+FA_HOST_DEVICE constexpr RowRange rows_range_in(int len, int q_len, int j, bool causal, bool bottom_right, int left,
+                                                int right) {
+  if (j < 0 || j >= len) return {0, 0};
+  const long long diagonal_of_j = (long long)j - (bottom_right ? len - q_len : 0);  // the row whose diagonal is j
+  // j is before the row's last key: the diagonal at or after j (causal), or its right side reaching j.
+  long long first = causal ? diagonal_of_j : right >= 0 ? diagonal_of_j - right : 0;
+  // The row's first key is at or before j: its window's left side reaches back to j.
+  long long last = left >= 0 ? diagonal_of_j + left + 1 : q_len;
+  if (first < 0) first = 0;
+  if (last > q_len) last = q_len;
+  if (first > last) first = last;
+  return {int(first), int(last)};
 }
 
 /// Shapes, masking and scale of one attention call.
@@ -237,6 +258,8 @@ struct AttentionTensors {
   const int* kv_lens = nullptr;     ///< int32 [batch]: the device copy of AttentionProblem::kv_lens, when set
   const int* page_table = nullptr;  ///< int32 [batch, kv_len / page_size]: each sequence's pages, when paged
   const float* sinks = nullptr;     ///< float32 [q_heads]: each query head's sink logit, when AttentionProblem::sinks
+  /// float32 [q_heads]: dLoss/dsink_h, written by a backward step when AttentionProblem::sinks (the sinks' gradient).
+  float* dsinks = nullptr;
   /// int32[4], 16-byte aligned, in memory the GPU writes (device memory, or mapped pinned host memory that the host
   /// reads without a sync): where a decode step records a value of kv_lens or page_table it refused (CacheFault).
   /// The values live on the GPU, so the kernel checks them: a length outside 0 .. kv_len reads as 0 keys, a page

@@ -203,11 +203,13 @@ struct InputSets {
   DeviceBuffer workspace;
   DeviceBuffer page_table;  ///< a paged problem's page table (every set's pools share its order)
   DeviceBuffer sinks;       ///< the sinks' logits, f32 [q_heads] (every set shares them)
+  DeviceBuffer dsinks;      ///< the backward's gradient of them, f32 [q_heads] (every set writes the same values)
   /// A paged problem's K and V go up as page pools, each sequence's pages in DeviceAttention's shuffled order.
   InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
     if (p.sinks) {
       sinks = DeviceBuffer(in.sinks.byte_size());
       sinks.upload(in.sinks.bytes.data(), in.sinks.byte_size());
+      dsinks = DeviceBuffer(in.sinks.byte_size());
     }
     std::vector<int> table;
     HostTensor k_pool, v_pool;
@@ -259,6 +261,7 @@ struct InputSets {
     t.lse = lse[c].as<float>();
     t.sinks = sinks.as<float>();
     t.d_o = d_o[c].get(), t.dq = dq[c].get(), t.dk = dk[c].get(), t.dv = dv[c].get();
+    t.dsinks = dsinks.as<float>();
     return t;
   }
   /// Fills set c's outputs of `pass` with NaN.
@@ -266,7 +269,7 @@ struct InputSets {
     if (pass == Pass::forward) {
       o[c].poison();
     } else {
-      dq[c].poison(), dk[c].poison(), dv[c].poison();
+      dq[c].poison(), dk[c].poison(), dv[c].poison(), dsinks.poison();
     }
   }
 };
@@ -341,7 +344,7 @@ BackwardReference backward_reference(const AttentionProblem& p, const AttentionI
   return ref;
 }
 
-/// The largest relative L2 and max abs error of dQ, dK and dV in set 0, judged with judge_gradient
+/// The largest relative L2 and max abs error of dQ, dK and dV (and with sinks dsinks) in set 0, judged with judge_gradient
 /// (NaN when any output is not finite, or when nothing is checked). A gradient out of tolerance is
 /// named on stderr.
 ErrorStats gradient_error(const StepInfo& step, const AttentionProblem& p, const InputSets& sets,
@@ -355,8 +358,13 @@ ErrorStats gradient_error(const StepInfo& step, const AttentionProblem& p, const
   sets.dq[0].download(g.dq.bytes.data(), g.dq.byte_size());
   sets.dk[0].download(g.dk.bytes.data(), g.dk.byte_size());
   sets.dv[0].download(g.dv.bytes.data(), g.dv.byte_size());
-  const std::vector<Verdict> verdicts = judge_gradients(g, ref.gradients.dq, ref.gradients.dk, ref.gradients.dv,
-                                                        p.head_dim, ref.max_abs_score);
+  std::vector<Verdict> verdicts = judge_gradients(g, ref.gradients.dq, ref.gradients.dk, ref.gradients.dv,
+                                                  p.head_dim, ref.max_abs_score);
+  if (p.sinks) {
+    g.dsinks = HostTensor(DType::f32, {p.q_heads});
+    sets.dsinks.download(g.dsinks.bytes.data(), g.dsinks.byte_size());
+    verdicts.push_back(judge_dsinks(g.dsinks, ref.gradients.dsinks, p.dtype, ref.max_abs_score));
+  }
   for (const Verdict& v : verdicts) {
     if (!v.passed()) std::fprintf(stderr, "  %s: %s\n", step.label().c_str(), v.describe().c_str());
     worst.rel_l2 = std::max(worst.rel_l2, v.global.rel_l2);

@@ -19,7 +19,8 @@
 // [pages, page_size, Hkv, d]; with --random, --page-size N stores K and V so (pages in a shuffled order) and
 // --dump writes the pools, page_table.npy and kv_lens.npy; --causal-align bottom-right aligns the causal mask
 // to the end of each sequence (speculative decoding). The models' features: --window LEFT,RIGHT, --softcap C,
-// --sinks SINKS.npy (float32 [Hq]; with --random, --sinks random), for the steps that take them.
+// --sinks SINKS.npy (float32 [Hq]; with --random, --sinks random), for the steps that take them; a backward step
+// with sinks also writes their gradient (--dsinks DSINKS.npy, or dsinks.npy in the --dump folder).
 // NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
@@ -50,7 +51,8 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          a backward step (pass backward in --list): reads O, LSE (float32 [B, Hq, Nq]) and dO besides Q, K, V;
          writes dQ, dK, dV (--dq --dk --dv, or DIR/dq.npy, dk.npy, dv.npy). --random makes O and LSE with the
          last forward step that takes the problem and draws dO, and dumps them as o.npy, lse.npy, do.npy next
-         to q.npy, k.npy, v.npy; --check judges each gradient against the float64 reference
+         to q.npy, k.npy, v.npy; --check judges each gradient against the float64 reference; with --sinks,
+         also the sinks' gradient, float32 [Hq] (--dsinks DSINKS.npy, or DIR/dsinks.npy)
        a KV cache (steps that take one; others refuse it): [--kv-lens L1,L2,..|LENS.npy] each sequence's keys
          (int32 [B]); [--page-table TABLE.npy] K and V are page pools [pages, page_size, Hkv, d] and TABLE,
          int32 [B, kv_len / page_size], lists each sequence's pages; with --random, [--page-size N] pages them
@@ -150,7 +152,7 @@ void check_backward_inputs(const AttentionProblem& p, const BackwardInputs& in, 
 void refuse_other_pass(const StepInfo& step, const Args& args) {
   const bool backward = step.pass == Pass::backward;
   const std::vector<std::string> forward_only = {"out", "lse-out"};
-  const std::vector<std::string> backward_only = {"o", "lse", "do", "dq", "dk", "dv"};
+  const std::vector<std::string> backward_only = {"o", "lse", "do", "dq", "dk", "dv", "dsinks"};
   const std::vector<std::string>& others = backward ? forward_only : backward_only;
   std::string given;
   for (const auto& name : others)
@@ -177,7 +179,8 @@ bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, c
   double max_abs_score = 0;
   reference_attention(p, q, k, v, &max_abs_score, nullptr, p.sinks ? &sinks : nullptr);
   const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double(), p.sinks ? &sinks : nullptr);
-  const std::vector<Verdict> verdicts = judge_gradients(g, ref.dq, ref.dk, ref.dv, p.head_dim, max_abs_score);
+  std::vector<Verdict> verdicts = judge_gradients(g, ref.dq, ref.dk, ref.dv, p.head_dim, max_abs_score);
+  if (p.sinks) verdicts.push_back(judge_dsinks(g.dsinks, ref.dsinks, p.dtype, max_abs_score));
   bool ok = true;
   for (const Verdict& verdict : verdicts) {
     std::printf("%s vs float64 CPU reference: %s (%s)\n", verdict.tensor.c_str(), verdict.global.describe().c_str(),
@@ -190,7 +193,7 @@ bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, c
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed", "lse-out", "o", "lse",
-                   "do", "dq", "dk", "dv", "kv-lens", "page-size", "page-table", "causal-align", "window",
+                   "do", "dq", "dk", "dv", "dsinks", "kv-lens", "page-size", "page-table", "causal-align", "window",
                    "softcap", "sinks"},
                   {"help", "causal", "check", "list"});
   if (args.has("list")) {
@@ -210,10 +213,12 @@ int run(int argc, char** argv) {
   AttentionProblem p;
   std::string out_path, lse_path;  // a forward step's O and LSE ("": LSE not written)
   std::string grad_paths[3];       // a backward step's dQ, dK, dV
+  std::string dsinks_path = args.get("dsinks", "");  // and with sinks, their gradient
   const std::filesystem::path dump = args.get("dump", "");
   auto dump_gradients = [&] {
     grad_paths[0] = (dump / "dq.npy").string(), grad_paths[1] = (dump / "dk.npy").string();
     grad_paths[2] = (dump / "dv.npy").string();
+    if (dsinks_path.empty()) dsinks_path = (dump / "dsinks.npy").string();
   };
   if (args.has("random")) {
     if (!args.has("dump")) throw std::invalid_argument("--random needs --dump DIR");
@@ -321,6 +326,12 @@ int run(int argc, char** argv) {
   }
   validate(p);
   refuse_unsupported(step, p);
+  if (backward && p.sinks && dsinks_path.empty())
+    throw std::invalid_argument("missing --dsinks DSINKS.npy: the backward with sinks writes their gradient there, "
+                                "float32 [Hq] (or --dump DIR for dsinks.npy)");
+  if (args.has("dsinks") && !p.sinks)
+    throw std::invalid_argument("--dsinks is the sinks' gradient, written by the backward with --sinks; there are no "
+                                "sinks here");
   if (!gpu_available()) {
     std::fprintf(stderr, "fa-run: no CUDA device found; fa-run needs a GPU (%s needs %s)\n", step.label().c_str(),
                  step.min_gpu() == "any" ? "any CUDA GPU" : step.min_gpu().c_str());
@@ -359,6 +370,10 @@ int run(int argc, char** argv) {
     write_npy(grad_paths[2], g.dv);
     std::printf("step %s: %s -> %s, %s, %s\n", step.label().c_str(), p.describe().c_str(), grad_paths[0].c_str(),
                 grad_paths[1].c_str(), grad_paths[2].c_str());
+    if (p.sinks) {
+      write_npy(dsinks_path, g.dsinks);
+      std::printf("the sinks' gradient (float32 [Hq]) -> %s\n", dsinks_path.c_str());
+    }
     if (args.has("check")) return check_gradients(p, inputs, backward_inputs.d_o, g) ? 0 : 3;
     return 0;
   }

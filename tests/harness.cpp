@@ -317,6 +317,7 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
     b.d_o = random_tensor(p.dtype, q_shape(p), seed * 3 + 4);
     ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double(), sinks_in);
     prep.expected_dq = std::move(g.dq), prep.expected_dk = std::move(g.dk), prep.expected_dv = std::move(g.dv);
+    prep.expected_dsinks = std::move(g.dsinks);
   }
   if (c.kind == InputKind::zero_scale || c.kind == InputKind::dominant_key) {
     // The exact answer, independent of the reference: the mean of V's visible rows, or V's row 0.
@@ -350,8 +351,10 @@ Verdict judge_call(const StepInfo& step, const AttentionProblem& p, const Device
     verdicts.push_back(judge(device.download_o(p), prepared.expected, p.head_dim, prepared.max_abs_score));
     verdicts.push_back(judge_lse(device.download_lse(p), prepared.expected_lse, prepared.max_abs_score));
   } else {
-    verdicts = judge_gradients(device.download_gradients(p), prepared.expected_dq, prepared.expected_dk,
-                               prepared.expected_dv, p.head_dim, prepared.max_abs_score);
+    const Gradients g = device.download_gradients(p);
+    verdicts = judge_gradients(g, prepared.expected_dq, prepared.expected_dk, prepared.expected_dv, p.head_dim,
+                               prepared.max_abs_score);
+    if (p.sinks) verdicts.push_back(judge_dsinks(g.dsinks, prepared.expected_dsinks, p.dtype, prepared.max_abs_score));
   }
   for (const Verdict& v : verdicts)
     if (!v.passed()) return v;

@@ -79,6 +79,7 @@ struct Prepared {
   std::vector<double> expected_dq;     ///< dQ from the float64 reference, when `backward`
   std::vector<double> expected_dk;     ///< dK, summed over each KV head's group
   std::vector<double> expected_dv;     ///< dV, summed likewise
+  std::vector<double> expected_dsinks;  ///< the sinks' gradient, [q_heads], with sinks (else empty)
 };
 
 /// Draws the case's inputs from `seed` and computes what the output must be; for Pass::backward also
@@ -90,8 +91,8 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass = Pass::forward);
 inline constexpr char kSecondCall[] = "second call on the same workspace: ";
 
 /// Runs `step` on the prepared case (outputs poisoned with NaN first) and judges every element: a
-/// forward step's O and LSE, a backward step's dQ, dK and dV (the verdict names the first tensor that
-/// fails). A step that asks for a workspace runs twice on the same buffers and both outputs are judged
+/// forward step's O and LSE, a backward step's dQ, dK and dV, and with sinks dsinks (the verdict names the first
+/// tensor that fails). A step that asks for a workspace runs twice on the same buffers and both outputs are judged
 /// (the second call's failure starts with kSecondCall). A launcher that throws fails with check
 /// "threw: <message>". A backward step needs a case prepared for Pass::backward.
 Verdict run_case(const StepInfo& step, const Case& c, const Prepared& prepared);

@@ -110,6 +110,15 @@ std::vector<Verdict> judge_gradients(const Gradients& out, const std::vector<dou
           judge_gradient(out.dv, dv, head_dim, max_abs_score, "dV", magnitude)};
 }
 
+Verdict judge_dsinks(const HostTensor& out, const std::vector<double>& ref, DType dtype, double max_abs_score) {
+  double largest = 0;
+  for (double r : ref) largest = std::max(largest, std::abs(r));
+  Verdict v = judge_with(out, ref, int(std::max<std::size_t>(ref.size(), 1)), gradient_tolerance_for(dtype, max_abs_score),
+                         1.0, largest);
+  v.tensor = "dsinks";
+  return v;
+}
+
 Verdict judge_lse(const HostTensor& out, const std::vector<double>& ref, double max_abs_score) {
   const double bound = lse_tolerance(max_abs_score);
   Verdict v = judge_with(out, ref, 1, {INFINITY, bound, INFINITY}, 0.0, 1.0);

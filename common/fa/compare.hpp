@@ -106,6 +106,11 @@ Verdict judge_gradient(const HostTensor& out, const std::vector<double>& ref, in
 std::vector<Verdict> judge_gradients(const Gradients& out, const std::vector<double>& dq, const std::vector<double>& dk,
                                      const std::vector<double>& dv, int head_dim, double max_abs_score);
 
+/// The sinks' gradient (f32 [q_heads]) of a backward call on inputs of `dtype`, against its float64 reference,
+/// as one row with gradient_tolerance_for(dtype)'s bounds: it is computed in float from D_i = dO_i . O_i, where
+/// O is the input rounded to `dtype`, so its error is the inputs' dtype's, not f32's.
+Verdict judge_dsinks(const HostTensor& out, const std::vector<double>& ref, DType dtype, double max_abs_score);
+
 /// LSE (f32, one value per query row) against its float64 reference, element by element with
 /// lse_tolerance's bound.
 Verdict judge_lse(const HostTensor& out, const std::vector<double>& ref, double max_abs_score = 0);

@@ -61,11 +61,12 @@ struct BackwardInputs {
   HostTensor d_o;  ///< dO, shaped and typed like O
 };
 
-/// dQ, dK and dV as a backward step returns them (the problem's dtype).
+/// dQ, dK and dV as a backward step returns them (the problem's dtype), and with sinks their gradient.
 struct Gradients {
   HostTensor dq;  ///< [batch, q_len, q_heads, head_dim]
   HostTensor dk;  ///< [batch, kv_len, kv_heads, head_dim]
   HostTensor dv;  ///< [batch, kv_len, kv_heads, head_dim]
+  HostTensor dsinks{};  ///< f32 [q_heads]: dLoss/dsink_h, with AttentionProblem::sinks (else empty)
 };
 
 /// A page table for a paged problem: int32 [batch, kv_len / page_size], every sequence's pages distinct pages of

@@ -163,7 +163,7 @@ void check_tensors(const char* step, const AttentionTensors& t, int alignment, b
   }
 }
 
-void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t) {
+void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t, Pass pass) {
   if (!p.kv_lens.empty() && !t.kv_lens)
     throw InvalidProblem(std::string(step) + ": tensor kv_lens is missing (a null pointer); per-sequence lengths " +
                          "need their device copy, int32 [batch]");
@@ -173,6 +173,14 @@ void check_cache_tensors(const char* step, const AttentionProblem& p, const Atte
   if (p.sinks && !t.sinks)
     throw InvalidProblem(std::string(step) + ": tensor sinks is missing (a null pointer); sinks need their logits, " +
                          "float32 [q_heads]");
+  if (pass == Pass::backward && p.sinks && !t.dsinks)
+    throw InvalidProblem(std::string(step) + ": tensor dsinks is missing (a null pointer); the backward with sinks " +
+                         "writes their gradient there, float32 [q_heads]");
+}
+
+void zero_async(void* data, std::size_t bytes, cudaStream_t stream) {
+  if (g_probe || bytes == 0) return;
+  FA_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
 }
 
 LaunchScope::LaunchScope(const char* step_name, const AttentionProblem& p, int arch, bool specific)
@@ -271,6 +279,7 @@ KernelResources resources(LaunchFn launch, const AttentionProblem& p) {
   AttentionTensors tensors{placeholder, placeholder, placeholder, placeholder, placeholder};
   tensors.lse = static_cast<float*>(placeholder);
   tensors.d_o = tensors.dq = tensors.dk = tensors.dv = placeholder;
+  tensors.sinks = tensors.dsinks = static_cast<float*>(placeholder);
   KernelResources result;
   g_probe = &result;
   g_probed = false;

@@ -316,7 +316,7 @@ void dispatch(const AttentionProblem& p, const AttentionTensors& t, const char* 
   refuse_cache_forms(step, p, S::cache_forms);
   refuse_features(step, p, S::features);
   check_tensors(step, t, S::pointer_alignment, S::needs_workspace, S::pass);
-  check_cache_tensors(step, p, t);
+  check_cache_tensors(step, p, t, S::pass);
   const LaunchScope scope(step, p, S::min_arch, S::arch_specific);
   dispatch_all(p, body, typename S::dtype_list{}, typename S::head_dim_list{});
 }

@@ -24,8 +24,13 @@ inline constexpr unsigned kWorkspaceAlignment = 16;
 void check_tensors(const char* step, const AttentionTensors& t, int alignment, bool needs_workspace,
                    Pass pass = Pass::forward);
 /// Throws InvalidProblem unless the device copies the KV-cache forms and features p uses are set: t.kv_lens with
-/// per-sequence lengths, t.page_table with a paged cache, t.sinks with sinks.
-void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t);
+/// per-sequence lengths, t.page_table with a paged cache, t.sinks with sinks, and in the backward t.dsinks (the
+/// sinks' gradient, an output) with sinks.
+void check_cache_tensors(const char* step, const AttentionProblem& p, const AttentionTensors& t,
+                         Pass pass = Pass::forward);
+/// Zeroes `bytes` at `data` on `stream` (cudaMemsetAsync), for an output a step sums into with atomics; does
+/// nothing while resources() probes the launcher (its tensors are placeholders).
+void zero_async(void* data, std::size_t bytes, cudaStream_t stream);
 
 /// While dispatch() runs a step's body, the step and problem that kit::launch reports in its messages,
 /// and the compute capability it checks. One per thread; dispatch sets and restores it.

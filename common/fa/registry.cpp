@@ -72,6 +72,7 @@ namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
+namespace step52 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -240,6 +241,9 @@ const std::vector<StepInfo>& all_steps() {
       {"51", "", "attention_sinks",
        "attention sinks (gpt-oss): each head's sink logit joins every row's max and sum once, at the row's end; with step 50's window and cap",
        step51::launcher()},
+      {"52", "", "window_backward",
+       "a sliding window in step 41's backward: each K/V tile walks only the Q tiles whose rows see its keys, masked at the window's edges",
+       step52::launcher()},
   };
   return steps;
 }
@@ -438,13 +442,14 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
     dq = DeviceBuffer(inputs.q.byte_size());
     dk = DeviceBuffer(inputs.k.byte_size());
     dv = DeviceBuffer(inputs.v.byte_size());
+    if (p.sinks) dsinks = DeviceBuffer(std::size_t(p.q_heads) * sizeof(float));
   }
   poison_outputs();
 }
 
 void DeviceAttention::poison_outputs() {
   if (backward_) {
-    dq.poison(), dk.poison(), dv.poison();
+    dq.poison(), dk.poison(), dv.poison(), dsinks.poison();
   } else {
     o.poison(), lse.poison();
   }
@@ -458,6 +463,7 @@ AttentionTensors DeviceAttention::tensors() const {
   t.cache_status = cache_status.as<int>();
   t.sinks = static_cast<const float*>(sinks.get());
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
+  t.dsinks = dsinks.as<float>();
   return t;
 }
 
@@ -478,6 +484,10 @@ Gradients DeviceAttention::download_gradients(const AttentionProblem& p) const {
   dq.download(g.dq.bytes.data(), g.dq.byte_size());
   dk.download(g.dk.bytes.data(), g.dk.byte_size());
   dv.download(g.dv.bytes.data(), g.dv.byte_size());
+  if (p.sinks) {
+    g.dsinks = HostTensor(DType::f32, {p.q_heads});
+    dsinks.download(g.dsinks.bytes.data(), g.dsinks.byte_size());
+  }
   return g;
 }
 

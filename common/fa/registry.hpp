@@ -109,7 +109,7 @@ std::string unknown_step_message(const std::string& item);
 
 /// Device copies of one problem's tensors: the inputs, the outputs (poisoned with NaN until a step
 /// writes them) and the workspace. A forward call gets Q, K, V, O and LSE; a backward call also O, LSE
-/// and dO as inputs and dQ, dK, dV as outputs.
+/// and dO as inputs and dQ, dK, dV (and, with sinks, dsinks) as outputs.
 struct DeviceAttention {
   static constexpr std::uint64_t kPageSeed = 20261127;  ///< the page order of every paged upload
   DeviceBuffer q;          ///< Q on the device
@@ -126,20 +126,21 @@ struct DeviceAttention {
   DeviceBuffer page_table; ///< a paged problem's page table, int32 [batch, kv_len / page_size]
   DeviceBuffer cache_status;  ///< int32[4], zero: where a decode step records a refused length or page entry
   DeviceBuffer sinks;      ///< the sinks' logits, f32 [q_heads] (with AttentionProblem::sinks)
+  DeviceBuffer dsinks;     ///< their gradient, f32 [q_heads] (backward with sinks only), poisoned
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
   /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
   /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
   /// other pages NaN; per-sequence lengths and the sinks' logits are uploaded too.
   DeviceAttention(const AttentionProblem& p, const AttentionInputs& inputs, std::size_t workspace_bytes,
                   const BackwardInputs* backward = nullptr);
-  /// Poisons every output of the pass with NaN (O and LSE, or dQ, dK and dV).
+  /// Poisons every output of the pass with NaN (O and LSE, or dQ, dK, dV and, with sinks, dsinks).
   void poison_outputs();
   /// The pointers a LaunchFn takes.
   AttentionTensors tensors() const;
   /// O and LSE as the forward left them.
   HostTensor download_o(const AttentionProblem& p) const;
   HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len]
-  /// dQ, dK and dV as the backward left them.
+  /// dQ, dK and dV as the backward left them, and dsinks with sinks.
   Gradients download_gradients(const AttentionProblem& p) const;
   /// The message of the value a decode step refused (cache_fault_message), "" when it refused none.
   std::string cache_fault() const;

@@ -73,6 +73,7 @@ namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
 namespace step52 { Launcher launcher(); }
+namespace step53 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -244,6 +245,9 @@ const std::vector<StepInfo>& all_steps() {
       {"52", "", "window_backward",
        "a sliding window in step 41's backward: each K/V tile walks only the Q tiles whose rows see its keys, masked at the window's edges",
        step52::launcher()},
+      {"53", "", "softcap_backward",
+       "soft-capping in the backward: P from the capped score as step 50 caps it, dS times the cap's slope 1 - tanh^2; with step 52's window",
+       step53::launcher()},
   };
   return steps;
 }

@@ -74,6 +74,7 @@ namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
 namespace step52 { Launcher launcher(); }
 namespace step53 { Launcher launcher(); }
+namespace step54 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -248,6 +249,9 @@ const std::vector<StepInfo>& all_steps() {
       {"53", "", "softcap_backward",
        "soft-capping in the backward: P from the capped score as step 50 caps it, dS times the cap's slope 1 - tanh^2; with step 52's window",
        step53::launcher()},
+      {"54", "", "sinks_backward",
+       "attention sinks in the backward: dQ, dK, dV unchanged (the LSE holds the sink), dsinks = -sum e^(sink - LSE) D summed where D is; with step 53's window and cap",
+       step54::launcher()},
   };
   return steps;
 }

@@ -24,13 +24,12 @@ template <int D> dim3 row_dot_wide_blocks(std::int64_t rows) { return row_blocks
 /// each row contiguous: 16 sectors of 32 bytes, every byte used, where row_dot_kernel's warp read 2 bytes from each
 /// of 32 rows head_dim * q_heads * 2 bytes apart: 32 sectors for 64 bytes. kRowLanes
 /// divides 32, so a row's lanes sit in one warp; every lane reaches the shuffles, rows past the last with 0.
+/// row_dot_wide is one thread's part: every lane of the row gets D_i (0 past the last row); the kernel stores it.
 template <class T, int D>
-__global__ void row_dot_wide_kernel(kit::Grads<T, D> s, float* __restrict__ D_rows, std::int64_t rows) {
+__device__ __forceinline__ float row_dot_wide(const kit::Grads<T, D>& s, std::int64_t row, int chunk,
+                                              std::int64_t rows) {
   constexpr int kLanes = kRowLanes<D>;
   static_assert(tc::kWarpSize % kLanes == 0, "a row's lanes in one warp");
-  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t row = idx / kLanes;  // (b, h, i), LSE's layout
-  const int chunk = int(idx % kLanes);     // elements 8 chunk .. 8 chunk + 7 of the row
   float dot = 0.f;
   if (row < rows) {
     const int i = int(row % s.q_len);
@@ -46,6 +45,17 @@ __global__ void row_dot_wide_kernel(kit::Grads<T, D> s, float* __restrict__ D_ro
   }
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  return dot;
+}
+
+/// The kernel: kRowLanes<D> threads a row, (b, h, i) in LSE's layout; the row's first lane stores D_i.
+template <class T, int D>
+__global__ void row_dot_wide_kernel(kit::Grads<T, D> s, float* __restrict__ D_rows, std::int64_t rows) {
+  constexpr int kLanes = kRowLanes<D>;
+  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t row = idx / kLanes;  // (b, h, i), LSE's layout
+  const int chunk = int(idx % kLanes);     // elements 8 chunk .. 8 chunk + 7 of the row
+  const float dot = row_dot_wide(s, row, chunk, rows);
   if (row < rows && chunk == 0) D_rows[row] = dot;
 }
 

@@ -177,3 +177,57 @@ TEST_CASE("the bounds widen with the size of the scores, as derived", "[cpu][har
   CHECK(plain.row_rel == 2e-5);
   CHECK(wide.rel_l2 == Approx(1e-5 + 8 * 1024 * std::ldexp(1.0, -24)));
 }
+
+TEST_CASE("the backward's sink cases carry the reference's dsinks and are judged in the inputs' dtype", "[cpu][harness]") {
+  // dsinks_h = -sum_i e^(sink_h - LSE_i) D_i, computed as a kernel computes it (D_i from O rounded to the dtype, LSE
+  // rounded to f32, in float-like precision) passes the judge; its sign flipped, D left out or the sum taken by KV
+  // head fails it. Every sink case of the shape table, f16 and bf16, both masks.
+  int cases = 0;
+  for (const test::Case& c : test::graded_cases({DType::f16, DType::bf16}, {64}, 0, Pass::backward)) {
+    if (!c.problem.sinks) continue;
+    ++cases;
+    const AttentionProblem& p = c.problem;
+    INFO(c.describe());
+    const test::Prepared prep = test::prepare(c, 23, Pass::backward);
+    REQUIRE(prep.expected_dsinks.size() == std::size_t(p.q_heads));
+    const BackwardInputs& in = prep.backward_inputs;
+    const std::vector<double> sinks = prep.inputs.sinks.to_double();
+    // What the kernel has: O and dO in the dtype, LSE in f32.
+    std::vector<double> kernel(std::size_t(p.q_heads)), without_d(kernel.size()), by_kv_head(kernel.size());
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.q_heads; ++h)
+        for (int i = 0; i < p.q_len; ++i) {
+          double D = 0;
+          for (int e = 0; e < p.head_dim; ++e) {
+            const std::int64_t at = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim + e;
+            D += float(in.o.get(at)) * float(in.d_o.get(at));
+          }
+          const double lse = in.lse.get((std::int64_t(b) * p.q_heads + h) * p.q_len + i);
+          const int kv_h = h / p.group_size();
+          kernel[std::size_t(h)] -= std::exp(sinks[std::size_t(h)] - lse) * float(D);
+          without_d[std::size_t(h)] -= std::exp(sinks[std::size_t(h)] - lse);
+          by_kv_head[std::size_t(kv_h)] -= std::exp(sinks[std::size_t(kv_h)] - lse) * float(D);
+        }
+    auto as_f32 = [&](const std::vector<double>& values) {
+      HostTensor t(DType::f32, {p.q_heads});
+      for (int h = 0; h < p.q_heads; ++h) t.set(h, values[std::size_t(h)]);
+      return t;
+    };
+    std::vector<double> flipped = kernel;
+    for (double& x : flipped) x = -x;
+    const Verdict right = judge_dsinks(as_f32(kernel), prep.expected_dsinks, p.dtype, prep.max_abs_score);
+    INFO(right.describe());
+    CHECK(right.passed());
+    CHECK(right.tensor == "dsinks");
+    CHECK_FALSE(judge_dsinks(as_f32(flipped), prep.expected_dsinks, p.dtype, prep.max_abs_score).passed());
+    CHECK_FALSE(judge_dsinks(as_f32(without_d), prep.expected_dsinks, p.dtype, prep.max_abs_score).passed());
+    if (p.group_size() > 1)
+      CHECK_FALSE(judge_dsinks(as_f32(by_kv_head), prep.expected_dsinks, p.dtype, prep.max_abs_score).passed());
+    // Poisoned (a kernel that never wrote it): non-finite.
+    HostTensor nan(DType::f32, {p.q_heads});
+    for (int h = 0; h < p.q_heads; ++h) nan.set(h, NAN);
+    CHECK_THAT(judge_dsinks(nan, prep.expected_dsinks, p.dtype, prep.max_abs_score).failed,
+               Catch::Matchers::Contains("non-finite"));
+  }
+  CHECK(cases == 12);  // 3 sink cases x 2 dtypes x 2 masks
+}

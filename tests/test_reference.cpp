@@ -524,7 +524,7 @@ TEST_CASE("features: a window's keys are FlashAttention's, aligned as the causal
   CHECK_FALSE(none.windowed());
 }
 
-TEST_CASE("features: rows_range_in gives the rows whose keys_range_in holds the key, for every window", "[cpu][features]") {
+TEST_CASE("features: rows_range_in gives the rows whose keys_range_in holds the key for every window", "[cpu][features]") {
   // A backward kernel walks, for a K/V tile, the rows that see its keys: rows_range_in, the inverse of the one rule.
   // Brute force over small sequences, both alignments, causal or not, every window side from open to past the
   // sequence: row i is in rows_range_in(j) exactly when j is in keys_range_in(i), and those rows are one run.

@@ -202,6 +202,18 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
         const char* said = feature == 0 ? "window = (4, " : feature == 1 ? "softcap = 30" : "sinks = on";
         CHECK_THROWS_WITH(step->launch(f, null_tensors, nullptr), Contains(said) && Contains("is not supported"));
       }
+      if (step->pass == Pass::backward && step->features.sinks) {
+        // The backward with sinks writes their gradient: every other tensor given, a missing dsinks is refused by
+        // name, before the GPU (the pointers are placeholders, 16-byte aligned, never dereferenced).
+        auto f = good;
+        f.sinks = true;
+        void* placeholder = reinterpret_cast<void*>(std::uintptr_t(1) << 20);
+        AttentionTensors t{placeholder, placeholder, placeholder, placeholder, placeholder};
+        t.lse = static_cast<float*>(placeholder), t.sinks = static_cast<const float*>(placeholder);
+        t.d_o = t.dq = t.dk = t.dv = placeholder;
+        CHECK_THROWS_WITH(step->launch(f, t, nullptr),
+                          Contains("tensor dsinks is missing") && Contains("float32 [q_heads]"));
+      }
       if (step->cache_forms.max_q_len > 0) {  // a decode step: a few new tokens per sequence, no more
         auto long_queries = good;
         long_queries.q_len = step->cache_forms.max_q_len + 1;

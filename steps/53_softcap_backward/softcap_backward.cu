@@ -2,10 +2,10 @@
 // s = scale q.k (Gemma 2, c the softcap), and wrote the LSE of the capped scores. The backward recomputes P the same
 // way: t as step 50 computes it, in log2 units (tanh from exp2, to float rounding), and P = 2^(t - LSE). The cap has a
 // slope, dt/ds = 1 - (t/c)^2 = 1 - tanh^2, which the chain rule puts into dS = P (dP - D) (1 - (t/c)^2) before the
-// scale: dQ and dK then follow as without the cap. The slope is kept without a register more: P^T is packed to 16
-// bits for dV tile by tile as its exponents are computed, and S^T is left holding P^T times the slope, so dS^T =
-// S^T (dP^T - D) is unchanged. A second kernel, compiled with the cap, keeps the uncapped one as step 52's (the same
-// instructions, P^T packed as it goes). Not yet measured on a GPU; the rest is step 52's: the window, step 41.
+// scale: dQ and dK then follow as without the cap. The slope is kept without a register more: as each tile of P^T is
+// known, it is packed to 16 bits for dV, and P^T times the slope beside it in the registers dS^T takes later, which
+// frees the float S^T. A second kernel, compiled with the cap (every tile of it takes the masked copy of the loop),
+// keeps the uncapped one as step 52's. Not yet measured on a GPU; the rest is step 52's: the window, step 41.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "20_wgmma/wgmma.cuh"
@@ -110,6 +110,13 @@ constexpr int shared_bytes() {
 /// in step 50's file, the hole of its exercise): 1 - 2 / (2^(2 x log2 e) + 1). Large |x| give exactly +1 or -1.
 __device__ __forceinline__ float tanh_exp2(float x) {
   return 1.f - __fdividef(2.f, fast_exp2(x * (2.f * kLog2e)) + 1.f);
+}
+
+/// The two 16-bit values pack2<T> packed, as floats (lo in x).
+template <class T>
+__device__ __forceinline__ float2 unpack2(std::uint32_t packed) {
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
 }
 
 /// Block (key tile, kv_h, b): a producer warpgroup and two consumers; consumer w owns keys j0 + 64w .. + 63 of S^T,
@@ -355,9 +362,10 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     // overflow; so can a row that sees no key, LSE = -inf). The query rows are columns now: their LSE is read per
     // pair.
     // With the cap, each score is capped first, as step 50 caps it, in log2 units: t = softcap log2(e) tanh(scale
-    // S^T / softcap), and P^T = 2^(t - LSE). The cap's slope, 1 - tanh^2, belongs to dS^T: P^T's tile n is packed
-    // for dV as soon as it is known (below, without the cap, all at once after the loop), and S^T keeps P^T times
-    // the slope.
+    // S^T / softcap), and P^T = 2^(t - LSE). The cap's slope, 1 - tanh^2, belongs to dS^T: as soon as P^T's tile n
+    // is known it is packed to 16 bits for dV (below, without the cap, all at once after the loop), and P^T times
+    // the slope beside it, in the registers dS^T will take: the float S^T is then free, and no register more is
+    // live than without the cap.
     // The mask's test is compiled into one copy of the loop and left out of the other: a tile that needs no mask
     // (most of them) branches once, not once a score.
     std::uint32_t p_frag[kRowSteps][4], ds_frag[kRowSteps][4];
@@ -384,15 +392,18 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
         if constexpr (kSoftcap) {
           p_frag[n / 2][2 * (n % 2)] = pack2<T>(S[n][0], S[n][1]);      // key g,     rows 8n + 2t, + 1
           p_frag[n / 2][2 * (n % 2) + 1] = pack2<T>(S[n][2], S[n][3]);  // key g + 8, the same rows
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[n][e] *= slope[e];
+          ds_frag[n / 2][2 * (n % 2)] = pack2<T>(S[n][0] * slope[0], S[n][1] * slope[1]);
+          ds_frag[n / 2][2 * (n % 2) + 1] = pack2<T>(S[n][2] * slope[2], S[n][3] * slope[3]);
         }
       }
     };
     // The tile skips the mask when every row sees every key: the first row's keys reach past the tile's last (so the
     // tile ends before kv_len and the diagonal) and the last row's start at or before its first.
+    // With the cap, every tile takes the masked copy: two copies of the capped loop, each leaving P^T and P^T times
+    // the slope packed, meet with more registers live than the consumers have (ptxas spilled 112 bytes a thread at d = 64
+    // and 52 at d = 128), and the mask's test is a small part of a capped score's work.
     if (keys_of(i0).last < j0 + Bc || keys_of(min(i0 + Br, s.q_len) - 1).first > j0) exponents(std::true_type{});
-    else exponents(std::false_type{});
+    else exponents(std::bool_constant<kSoftcap>{});
     // P^T packed to 16 bits (without the cap; with it, the exponents did): the accumulator tiles of rows 2k and 2k + 1
     // are, element for element, the A registers of k-step k of dV (keys g / g + 8, rows 2t.. / 2t + 8..). At d = 128,
     // dV_w += P^T dO_i goes to the tensor cores at once (A from registers, B = dO_i MN-major), while dS^T is computed.
@@ -417,13 +428,20 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     }
     fence_registers(dP);
 
-    // dS^T = P^T (dP^T - D) (with the cap, times its slope, which S^T holds), packed to 16 bits as P^T was: the A
-    // registers of dK.
+    // dS^T = P^T (dP^T - D) (with the cap, P^T times its slope, as the exponents packed it), packed to 16 bits as
+    // P^T was: the A registers of dK.
 #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       const float2 d2 = *reinterpret_cast<const float2*>(dd + 8 * n + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dP[n][e] = S[n][e] * (dP[n][e] - ((e & 1) ? d2.y : d2.x));
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (kSoftcap) {
+          const float2 ps = unpack2<T>(ds_frag[n / 2][2 * (n % 2) + e / 2]);
+          dP[n][e] = ((e & 1) ? ps.y : ps.x) * (dP[n][e] - ((e & 1) ? d2.y : d2.x));
+        } else {
+          dP[n][e] = S[n][e] * (dP[n][e] - ((e & 1) ? d2.y : d2.x));
+        }
+      }
     }
 #pragma unroll
     for (int k = 0; k < kRowSteps; ++k) {

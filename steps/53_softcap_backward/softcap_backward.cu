@@ -400,8 +400,8 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     // The tile skips the mask when every row sees every key: the first row's keys reach past the tile's last (so the
     // tile ends before kv_len and the diagonal) and the last row's start at or before its first.
     // With the cap, every tile takes the masked copy: two copies of the capped loop, each leaving P^T and P^T times
-    // the slope packed, meet with more registers live than the consumers have (ptxas spilled 112 bytes a thread at d = 64
-    // and 52 at d = 128), and the mask's test is a small part of a capped score's work.
+    // the slope packed, meet with more registers live than the consumers have (ptxas spilled 112 bytes a thread at
+    // d = 64 and 52 at d = 128), and the mask's test is a small part of a capped score's work.
     if (keys_of(i0).last < j0 + Bc || keys_of(min(i0 + Br, s.q_len) - 1).first > j0) exponents(std::true_type{});
     else exponents(std::bool_constant<kSoftcap>{});
     // P^T packed to 16 bits (without the cap; with it, the exponents did): the accumulator tiles of rows 2k and 2k + 1

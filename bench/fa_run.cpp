@@ -46,7 +46,8 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          a forward step: writes O (--out, or DIR/o.npy) and the row log-sum-exp LSE, float32 [B, Hq, Nq]
          (--lse-out, or DIR/lse.npy with --random)
        fa-run --step ID (--q Q.npy --k K.npy --v V.npy --o O.npy --lse LSE.npy --do DO.npy
-                         (--dq DQ.npy --dk DK.npy --dv DV.npy | --dump DIR) | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
+                         (--dq DQ.npy --dk DK.npy --dv DV.npy [--dsinks DSINKS.npy] | --dump DIR)
+                         | --random B,Nq,Nkv,Hq,Hkv,d --dump DIR)
        [--dtype f32|f16|bf16] [--causal] [--scale S] [--seed N] [--check]
          a backward step (pass backward in --list): reads O, LSE (float32 [B, Hq, Nq]) and dO besides Q, K, V;
          writes dQ, dK, dV (--dq --dk --dv, or DIR/dq.npy, dk.npy, dv.npy). --random makes O and LSE with the

@@ -72,9 +72,9 @@ namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
-namespace step52 { Launcher launcher(); }
 namespace step53 { Launcher launcher(); }
 namespace step54 { Launcher launcher(); }
+namespace step55 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -243,15 +243,15 @@ const std::vector<StepInfo>& all_steps() {
       {"51", "", "attention_sinks",
        "attention sinks (gpt-oss): each head's sink logit joins every row's max and sum once, at the row's end; with step 50's window and cap",
        step51::launcher()},
-      {"52", "", "window_backward",
+      {"53", "", "window_backward",
        "a sliding window in step 41's backward: each K/V tile walks only the Q tiles whose rows see its keys, masked at the window's edges",
-       step52::launcher()},
-      {"53", "", "softcap_backward",
-       "soft-capping in the backward: P from the capped score as step 50 caps it, dS times the cap's slope 1 - tanh^2; with step 52's window",
        step53::launcher()},
-      {"54", "", "sinks_backward",
-       "attention sinks in the backward: dQ, dK, dV unchanged (the LSE holds the sink), dsinks = -sum e^(sink - LSE) D summed where D is; with step 53's window and cap",
+      {"54", "", "softcap_backward",
+       "soft-capping in the backward: P from the capped score as step 50 caps it, dS times the cap's slope 1 - tanh^2; with step 53's window",
        step54::launcher()},
+      {"55", "", "sinks_backward",
+       "attention sinks in the backward: dQ, dK, dV unchanged (the LSE holds the sink), dsinks = -sum e^(sink - LSE) D summed where D is; with step 54's window and cap",
+       step55::launcher()},
   };
   return steps;
 }

@@ -1,11 +1,11 @@
-// Step 53: logit soft-capping in the backward. Step 50 capped each score in the forward, t = c tanh(s / c) for
+// Step 54: logit soft-capping in the backward. Step 50 capped each score in the forward, t = c tanh(s / c) for
 // s = scale q.k (Gemma 2, c the softcap), and wrote the LSE of the capped scores. The backward recomputes P the same
 // way: t as step 50 computes it, in log2 units (tanh from exp2, to float rounding), and P = 2^(t - LSE). The cap has a
 // slope, dt/ds = 1 - (t/c)^2 = 1 - tanh^2, which the chain rule puts into dS = P (dP - D) (1 - (t/c)^2) before the
 // scale: dQ and dK then follow as without the cap. The slope is kept without a register more: as each tile of P^T is
 // known, it is packed to 16 bits for dV, and P^T times the slope beside it in the registers dS^T takes later, which
 // frees the float S^T. A second kernel, compiled with the cap (every tile of it takes the masked copy of the loop),
-// keeps the uncapped one as step 52's. Not yet measured on a GPU; the rest is step 52's: the window, step 41.
+// keeps the uncapped one as step 53's. Not yet measured on a GPU; the rest is step 53's: the window, step 41.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "20_wgmma/wgmma.cuh"
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace fa::step53 {
+namespace fa::step54 {
 namespace {
 
 using namespace hopper;
@@ -401,7 +401,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     // tile ends before kv_len and the diagonal) and the last row's start at or before its first.
     // With the cap, every tile takes the masked copy: two copies of the capped loop, each leaving P^T and P^T times
     // the slope packed, meet with more registers live than the consumers have (ptxas spilled 112 bytes a thread at
-    // d = 64 and 52 at d = 128), and the mask's test is a small part of a capped score's work.
+    // d = 64 and 53 at d = 128), and the mask's test is a small part of a capped score's work.
     if (keys_of(i0).last < j0 + Bc || keys_of(min(i0 + Br, s.q_len) - 1).first > j0) exponents(std::true_type{});
     else exponents(std::bool_constant<kSoftcap>{});
     // P^T packed to 16 bits (without the cap; with it, the exponents did): the accumulator tiles of rows 2k and 2k + 1
@@ -539,7 +539,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
 
 /// Validates the problem, builds the five tensor maps, then launches D, the K/V-tile kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  kit::dispatch<Support>(p, t, "step 53", [&]<class T, int D>() {
+  kit::dispatch<Support>(p, t, "step 54", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);
     float* D_rows = dQ_acc + p.q_elements();
     kit::launch(bwd::row_dot_wide_kernel<T, D>, bwd::row_dot_wide_blocks<D>(p.lse_elements()), bwd::kRowThreads, 0,
@@ -566,7 +566,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
 }  // namespace
 
-/// Step 53 as the registry lists it: the launcher and its workspace.
+/// Step 54 as the registry lists it: the launcher and its workspace.
 Launcher launcher() { return kit::launcher<Support>(&launch, &bwd::workspace_bytes); }
 
-}  // namespace fa::step53
+}  // namespace fa::step54

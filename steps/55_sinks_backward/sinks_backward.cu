@@ -1,10 +1,10 @@
-// Step 54: attention sinks in the backward. Step 51 gave each query head a sink logit in every row's softmax
+// Step 55: attention sinks in the backward. Step 51 gave each query head a sink logit in every row's softmax
 // denominator (gpt-oss), and wrote the LSE with the sink in it: so P = exp(s - LSE) recomputed from that LSE already
 // leaves the sink its share, and dQ, dK and dV need no change. What is new is the sinks' own gradient: the sink takes
 // the share P_sink,i = e^(sink_h - LSE_i) of row i's weight and has no value, so each O_i moves by -P_sink,i O_i and
 // dLoss/dsink_h = -sum_i e^(sink_h - LSE_i) D_i over every row of head h, of every sequence, with D_i = dO_i . O_i.
 // The side kernel that computes D (step 36's) computes it: each row's term, summed over a warp's rows, and one
-// atomicAdd a warp into dsinks, zeroed first. Not yet measured on a GPU; the rest is step 53's: the window, the cap.
+// atomicAdd a warp into dsinks, zeroed first. Not yet measured on a GPU; the rest is step 54's: the window, the cap.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "20_wgmma/wgmma.cuh"
@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace fa::step54 {
+namespace fa::step55 {
 namespace {
 
 using namespace hopper;
@@ -432,7 +432,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     // tile ends before kv_len and the diagonal) and the last row's start at or before its first.
     // With the cap, every tile takes the masked copy: two copies of the capped loop, each leaving P^T and P^T times
     // the slope packed, meet with more registers live than the consumers have (ptxas spilled 112 bytes a thread at
-    // d = 64 and 52 at d = 128), and the mask's test is a small part of a capped score's work.
+    // d = 64 and 53 at d = 128), and the mask's test is a small part of a capped score's work.
     if (keys_of(i0).last < j0 + Bc || keys_of(min(i0 + Br, s.q_len) - 1).first > j0) exponents(std::true_type{});
     else exponents(std::bool_constant<kSoftcap>{});
     // P^T packed to 16 bits (without the cap; with it, the exponents did): the accumulator tiles of rows 2k and 2k + 1
@@ -571,7 +571,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
 /// Validates the problem, builds the five tensor maps, then launches D (and with sinks their gradient), the K/V-tile
 /// kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  kit::dispatch<Support>(p, t, "step 54", [&]<class T, int D>() {
+  kit::dispatch<Support>(p, t, "step 55", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);
     float* D_rows = dQ_acc + p.q_elements();
     if (p.sinks) {  // dsinks is summed by atomics: zeroed first, on the same stream
@@ -604,7 +604,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
 }  // namespace
 
-/// Step 54 as the registry lists it: the launcher and its workspace.
+/// Step 55 as the registry lists it: the launcher and its workspace.
 Launcher launcher() { return kit::launcher<Support>(&launch, &bwd::workspace_bytes); }
 
-}  // namespace fa::step54
+}  // namespace fa::step55

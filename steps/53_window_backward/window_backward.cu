@@ -1,4 +1,4 @@
-// Step 52: a sliding window in the backward. Step 49 gave the forward FlashAttention's window_size = (left, right):
+// Step 53: a sliding window in the backward. Step 49 gave the forward FlashAttention's window_size = (left, right):
 // row i sees keys i - left .. i + right (a side of -1 is open; with the causal mask the right side is 0). Here step
 // 41's backward takes it the other way round: a block owns a K/V tile, so it walks only the Q tiles whose rows see
 // its keys, from the tile of the first row that sees its first key to the tile of the last row that sees its last
@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace fa::step52 {
+namespace fa::step53 {
 namespace {
 
 using namespace hopper;
@@ -496,7 +496,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
 
 /// Validates the problem, builds the five tensor maps, then launches D, the K/V-tile kernel and dQ's rounding.
 void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t stream) {
-  kit::dispatch<Support>(p, t, "step 52", [&]<class T, int D>() {
+  kit::dispatch<Support>(p, t, "step 53", [&]<class T, int D>() {
     float* dQ_acc = static_cast<float*>(t.workspace);
     float* D_rows = dQ_acc + p.q_elements();
     kit::launch(bwd::row_dot_wide_kernel<T, D>, bwd::row_dot_wide_blocks<D>(p.lse_elements()), bwd::kRowThreads, 0,
@@ -519,7 +519,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
 
 }  // namespace
 
-/// Step 52 as the registry lists it: the launcher and its workspace.
+/// Step 53 as the registry lists it: the launcher and its workspace.
 Launcher launcher() { return kit::launcher<Support>(&launch, &bwd::workspace_bytes); }
 
-}  // namespace fa::step52
+}  // namespace fa::step53

@@ -400,6 +400,7 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
       throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" + p.describe() +
                            (dtype == p.dtype ? ")"
                             : shape.size() == 1 ? "; the sinks are f32 [q_heads])"
+                            : p.varlen()        ? "; LSE is f32 [q_heads, total_q])"
                                                 : "; LSE is f32 [batch, q_heads, q_len])"));
   };
   check(inputs.q, "Q", q_shape(p), p.dtype);
@@ -421,6 +422,12 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
   if (!p.kv_lens.empty()) {
     kv_lens = DeviceBuffer(p.kv_lens.size() * sizeof(int));
     kv_lens.upload(p.kv_lens.data(), p.kv_lens.size() * sizeof(int));
+  }
+  if (p.varlen()) {
+    cu_seqlens_q = DeviceBuffer(p.cu_seqlens_q.size() * sizeof(int));
+    cu_seqlens_q.upload(p.cu_seqlens_q.data(), p.cu_seqlens_q.size() * sizeof(int));
+    cu_seqlens_k = DeviceBuffer(p.cu_seqlens_k.size() * sizeof(int));
+    cu_seqlens_k.upload(p.cu_seqlens_k.data(), p.cu_seqlens_k.size() * sizeof(int));
   }
   if (p.sinks) {
     check(inputs.sinks, "the sinks", {p.q_heads}, DType::f32);
@@ -457,6 +464,8 @@ AttentionTensors DeviceAttention::tensors() const {
   t.page_table = static_cast<const int*>(page_table.get());
   t.cache_status = cache_status.as<int>();
   t.sinks = static_cast<const float*>(sinks.get());
+  t.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.get());
+  t.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.get());
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
   return t;
 }

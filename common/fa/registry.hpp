@@ -126,6 +126,8 @@ struct DeviceAttention {
   DeviceBuffer page_table; ///< a paged problem's page table, int32 [batch, kv_len / page_size]
   DeviceBuffer cache_status;  ///< int32[4], zero: where a decode step records a refused length or page entry
   DeviceBuffer sinks;      ///< the sinks' logits, f32 [q_heads] (with AttentionProblem::sinks)
+  DeviceBuffer cu_seqlens_q;  ///< packed lengths' offsets, int32 [batch + 1] (varlen)
+  DeviceBuffer cu_seqlens_k;  ///< the keys' offsets, int32 [batch + 1] (varlen)
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
   /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
   /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
@@ -138,7 +140,7 @@ struct DeviceAttention {
   AttentionTensors tensors() const;
   /// O and LSE as the forward left them.
   HostTensor download_o(const AttentionProblem& p) const;
-  HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len]
+  HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len] ([q_heads, total_q])
   /// dQ, dK and dV as the backward left them.
   Gradients download_gradients(const AttentionProblem& p) const;
   /// The message of the value a decode step refused (cache_fault_message), "" when it refused none.

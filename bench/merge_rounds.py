@@ -6,7 +6,7 @@
 Every FOLDER/<side>-<round>-<rest>.csv (fa-bench's columns, written by fa-bench or a peer script) goes into OUT.csv
 under fa-bench's header once, each row with its round in the suite column: round<k>, and round<k>-pages<N> for a
 row of a paged cache (suite decode-pages<N>), round<k>-window<L>_<R>, -softcap<C>, -sinks for a row timed with a
-model feature (the suffixes fa-bench and sdpa_peers.py give its suite), as tools/tables.py reads them; a row of side
+model feature or a pack, -varlen<count>_<total> (the suffixes fa-bench and sdpa_peers.py give its suite), as tools/tables.py reads them; a row of side
 `old` (an earlier tree's fa-bench, FA_ROUND_BENCH) gets `old` appended to its variant.
 """
 import csv
@@ -16,7 +16,7 @@ import re
 import sys
 
 #: The suite's suffixes a round keeps: a paged cache's and the model features'.
-KEPT = re.compile(r"-(pages|window|softcap|sinks)")
+KEPT = re.compile(r"-(pages|window|softcap|sinks|varlen)")
 
 
 def merge(folder: str, out: str) -> int:

@@ -768,6 +768,8 @@ TEST_CASE("varlen: the problem names bad offsets and what it takes instead", "[c
   p.cu_seqlens_k = {0, 5, 8};
   p.cu_seqlens_q = {0, 5, 6};
   CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_q[1] - cu_seqlens_q[0] = 5") && Contains("max_seqlen"));
+  p.cu_seqlens_q = {0, 0, 0};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_q[batch] = 0: the pack holds no query rows"));
   p.cu_seqlens_q = {0, 4, 6};
   CHECK_NOTHROW(validate(p));
   CHECK_THAT(p.describe(), Contains("varlen=2..4 (6 rows, 8 keys)"));

@@ -135,6 +135,12 @@ void validate_cu_seqlens(const AttentionProblem& p) {
                          ": packed variable lengths need both offsets (equal for self-attention)");
   check("cu_seqlens_q", p.cu_seqlens_q, p.q_len, "q_len");
   check("cu_seqlens_k", p.cu_seqlens_k, p.kv_len, "kv_len");
+  for (const auto& [name, offsets] : {std::pair<const char*, const std::vector<int>*>{"cu_seqlens_q", &p.cu_seqlens_q},
+                                      {"cu_seqlens_k", &p.cu_seqlens_k}})
+    if (offsets->back() == 0)
+      throw InvalidProblem(std::string("attention problem: ") + name + "[batch] = 0: the pack holds no " +
+                           (name[11] == 'q' ? "query rows" : "keys") + " (Q and K each need at least one row; a "
+                           "sequence of its own may be empty)");
   if (!p.kv_lens.empty())
     throw InvalidProblem("attention problem: kv_lens with cu_seqlens: packed sequences have their lengths in "
                          "cu_seqlens_k already; give one or the other");

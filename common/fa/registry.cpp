@@ -72,6 +72,7 @@ namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
+namespace step52 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -240,6 +241,9 @@ const std::vector<StepInfo>& all_steps() {
       {"51", "", "attention_sinks",
        "attention sinks (gpt-oss): each head's sink logit joins every row's max and sum once, at the row's end; with step 50's window and cap",
        step51::launcher()},
+      {"52", "", "varlen",
+       "packed variable lengths (FlashAttention's varlen, cu_seqlens): the copies address each sequence in the pack, the scheduler finds a work tile's sequence by a binary search; with step 51's window, cap and sinks",
+       step52::launcher()},
   };
   return steps;
 }

@@ -16,8 +16,8 @@
 # the flash-attn3-jax wheel where it is not in .whl/ (a call that carries the FA4 wheels has no room for it).
 # FA_ROUND_CAUSAL: yes, no or both (default both). FA_ROUND_FEATURES: the model features' runs of each round and
 # shape, separated by ';', each `none` or the flags fa-bench and sdpa_peers.py both take (`--window 1024,0`,
-# `--softcap 50`, `--sinks`), e.g. "none;--window 1024,0;--softcap 50;--sinks"; a step that does not take a
-# feature is skipped with its reason, SDPA's backends refuse them all (FlashAttention-4 takes them);
+# `--softcap 50`, `--sinks`, `--varlen L1,L2,..`), e.g. "none;--window 1024,0;--softcap 50;--sinks"; a step that
+# does not take a feature is skipped with its reason, SDPA's backends refuse them all (FlashAttention-4 takes them);
 # `python3 tools/tables.py features --csv $OUT/rounds.csv` prints each feature against none and FA4.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -47,9 +47,10 @@ fi
 
 for round in $(seq 1 "$rounds"); do
   for shape in "${shapes[@]}"; do
-    for feature in "${features[@]}"; do
+    for f in "${!features[@]}"; do
+      feature=${features[$f]}
       flags=(); [ "$feature" = none ] || read -r -a flags <<< "$feature"
-      tag=${shape//,/x}; [ "$feature" = none ] || tag="$tag$(echo "$feature" | tr -cs 'a-z0-9' '_')"
+      tag=${shape//,/x}; [ "$feature" = none ] || tag="${tag}_feature$f"  # a pack's list is too long for a name
       echo "== round $round: steps $steps at $shape${flags[*]:+ with ${flags[*]}}"
       build/bench/fa-bench --shape "$shape" --steps "$steps" --dtypes "$dtypes" --causal "$causal" --reps 30 \
         --no-baseline "${flags[@]}" --csv "$OUT/rounds/ours-$round-$tag.csv" > "$OUT/rounds/ours-$round-$tag.txt" 2>&1

@@ -5,7 +5,7 @@
 // sequence's end reads the next sequence's rows, which the masks already hide (keys past the sequence's length) or
 // nothing writes (query rows past it). The LSE is [heads, total_q]. And the scheduler's work tiles follow the pack:
 // sequence b's query tiles start at virtual tile b + cu_seqlens_q[b] / Br, which bounds the tiles before it without
-// a pass over the lengths (each sequence gets its ceil(len / Br) tiles and at most two empty ones), and the producer
+// a pass over the lengths (each sequence gets its ceil(len / Br) tiles and at most one empty one), and the producer
 // finds a work tile's sequence by a binary search over the offsets, once, while the consumers still work on the
 // tile before; they read the sequence from shared memory. A batch of equal lengths is the pack with offsets b Nq.
 #include "09_tensor_cores/mma.cuh"

@@ -430,7 +430,8 @@ persistent_grid_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_c
     // set to -inf the scores of keys outside their row's [first, last): the
     // window's, the causal mask's and kv_len's.
     // Rows past q_len are no longer masked: their
-    // Q rows are zeros, so their scores are finite, and they are never written.
+    // Q rows are the next sequence's (or zeros past the pack's end), so their scores are finite, and they are never
+    // written.
     // S[n][e] is row g + 8 (e >= 2) of the warp's 16, key n*8 + 2t + (e & 1).
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n) {
@@ -572,7 +573,7 @@ persistent_grid_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_c
 
     // l: join the quad's partial sums; the head's sink joins the row's max and sum (log2 units; none: -inf, and
     // M = m, L = l); then O = O_acc 2^(m - M) / L rounded to T. Each lane writes two adjacent columns of rows g and
-    // g+8 of every n8 tile; rows past q_len (the last block's tail) are not written.
+    // g+8 of every n8 tile; rows past q_len (the sequence's last block's tail) are not written.
     const float sink_log2 = sinks != nullptr ? sinks[h] * kLog2e : -INFINITY;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

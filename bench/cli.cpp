@@ -95,7 +95,7 @@ std::string head_dim_list(const StepInfo& s) {
   return join(s.head_dims, [](int d) { return std::to_string(d); });
 }
 /// " [KV cache: per-sequence lengths, pages, q_len <= 8]": the KV-cache forms a step takes, then " [features:
-/// sliding window, soft-cap, sinks]": the models' features it takes; "" for none.
+/// sliding window, soft-cap, sinks, packed variable lengths]": the models' features it takes; "" for none.
 std::string cache_note(const StepInfo& s) {
   std::vector<std::string> forms;
   if (s.cache_forms.kv_lens) forms.push_back("per-sequence lengths");
@@ -106,6 +106,7 @@ std::string cache_note(const StepInfo& s) {
   if (s.features.window) features.push_back("sliding window");
   if (s.features.softcap) features.push_back("soft-cap");
   if (s.features.sinks) features.push_back("sinks");
+  if (s.features.varlen) features.push_back("packed variable lengths");
   const auto listed = [](const std::string& f) { return f; };
   return (forms.empty() ? "" : " [KV cache: " + join(forms, listed) + "]") +
          (features.empty() ? "" : " [features: " + join(features, listed) + "]");

@@ -104,6 +104,11 @@ const char* kHelpAfterSuites = R"(
                                         take it are timed; the suite column says <suite>-softcap<C>
   --sinks                               attention sinks, one random logit a query head (gpt-oss): only the
                                         steps that take them are timed; the suite column says <suite>-sinks
+  --varlen L1,L2,...                    packed variable lengths (FlashAttention's varlen): the pack's
+                                        sequences, each Li query rows and keys; B, Nq and Nkv of every shape
+                                        become the count and the longest. Only the steps that take a pack
+                                        are timed; the suite column says <suite>-varlen<count>_<total>
+                                        (bench/pack_lengths.py draws a mixed pack's lengths)
   --steps LIST                          step ids or labels, e.g. 01,03 (default all)
   --dtypes LIST                         f32,f16,bf16 (default: each of them that a selected step takes)
   --causal no|yes|both                  (default both)
@@ -204,12 +209,19 @@ struct InputSets {
   DeviceBuffer page_table;  ///< a paged problem's page table (every set's pools share its order)
   DeviceBuffer sinks;       ///< the sinks' logits, f32 [q_heads] (every set shares them)
   DeviceBuffer dsinks;      ///< the backward's gradient of them, f32 [q_heads] (every set writes the same values)
+  DeviceBuffer cu_seqlens_q, cu_seqlens_k;  ///< a pack's offsets, int32 [batch + 1] (every set shares them)
   /// A paged problem's K and V go up as page pools, each sequence's pages in DeviceAttention's shuffled order.
   InputSets(const AttentionProblem& p, const AttentionInputs& in, int copies) {
     if (p.sinks) {
       sinks = DeviceBuffer(in.sinks.byte_size());
       sinks.upload(in.sinks.bytes.data(), in.sinks.byte_size());
       dsinks = DeviceBuffer(in.sinks.byte_size());
+    }
+    if (p.varlen()) {
+      cu_seqlens_q = DeviceBuffer(p.cu_seqlens_q.size() * sizeof(int));
+      cu_seqlens_q.upload(p.cu_seqlens_q.data(), p.cu_seqlens_q.size() * sizeof(int));
+      cu_seqlens_k = DeviceBuffer(p.cu_seqlens_k.size() * sizeof(int));
+      cu_seqlens_k.upload(p.cu_seqlens_k.data(), p.cu_seqlens_k.size() * sizeof(int));
     }
     std::vector<int> table;
     HostTensor k_pool, v_pool;
@@ -255,11 +267,13 @@ struct InputSets {
       AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o[c].get(), workspace.get()};
       t.page_table = page_table.as<int>();
       t.sinks = sinks.as<float>();
+      t.cu_seqlens_q = cu_seqlens_q.as<int>(), t.cu_seqlens_k = cu_seqlens_k.as<int>();
       return t;
     }
     AttentionTensors t{q[c].get(), k[c].get(), v[c].get(), o_in[c].get(), workspace.get()};
     t.lse = lse[c].as<float>();
     t.sinks = sinks.as<float>();
+    t.cu_seqlens_q = cu_seqlens_q.as<int>(), t.cu_seqlens_k = cu_seqlens_k.as<int>();
     t.d_o = d_o[c].get(), t.dq = dq[c].get(), t.dk = dk[c].get(), t.dv = dv[c].get();
     t.dsinks = dsinks.as<float>();
     return t;
@@ -296,7 +310,13 @@ SampledReference sample_reference(const AttentionProblem& p, const AttentionInpu
   SampledReference ref;
   std::mt19937_64 rng(seed);
   for (int r = 0; r < count; ++r) {
-    ref.rows.push_back({int(rng() % p.batch), int(rng() % p.q_len), int(rng() % p.q_heads)});
+    if (p.varlen()) {  // a row of the pack, each as likely
+      const std::int64_t row = std::int64_t(rng() % std::uint64_t(p.total_q()));
+      const int b = p.sequence_of_q_row(row);
+      ref.rows.push_back({b, int(row - p.q_row(b, 0)), int(rng() % p.q_heads)});
+    } else {
+      ref.rows.push_back({int(rng() % p.batch), int(rng() % p.q_len), int(rng() % p.q_heads)});
+    }
     ref.values.resize(ref.values.size() + p.head_dim);
     const auto& [b, i, h] = ref.rows.back();
     reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h,
@@ -311,7 +331,7 @@ ErrorStats sampled_error(const AttentionProblem& p, const DeviceBuffer& o, const
   o.download(out.bytes.data(), out.byte_size());
   std::vector<double> got;
   for (const auto& [b, i, h] : ref.rows) {
-    const std::int64_t base = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
+    const std::int64_t base = (p.q_row(b, i) * p.q_heads + h) * p.head_dim;
     for (int c = 0; c < p.head_dim; ++c) got.push_back(out.get(base + c));
   }
   ErrorStats stats = compare(got.data(), ref.values.data(), std::int64_t(got.size()));
@@ -525,7 +545,7 @@ int run_resources(const std::vector<const StepInfo*>& steps, const std::vector<D
 int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"suite", "shape", "steps", "dtypes", "causal", "csv", "max-ms", "reps", "sample-rows", "seed",
-                   "page-size", "window", "softcap"},
+                   "page-size", "window", "softcap", "varlen"},
                   {"help", "no-baseline", "resources", "list", "decode", "sinks"});
   if (args.has("help")) {
     std::cout << "usage: fa-bench [options]\n  --suite " << suite_names() << kHelpAfterSuites;
@@ -612,6 +632,37 @@ int run(int argc, char** argv) {
     if (softcap > 0) shape.suite += "-softcap" + args.get("softcap", "");
     if (sinks) shape.suite += "-sinks";
   }
+  // Packed variable lengths (FlashAttention's varlen): the lengths of the pack's sequences, each its query rows and
+  // its keys; they replace every shape's B, Nq and Nkv (B the count, Nq = Nkv the longest), and the suite column
+  // says <suite>-varlen<count>_<total>.
+  std::vector<int> cu_seqlens;
+  if (args.has("varlen")) {
+    if (decode || page_size > 0)
+      throw std::invalid_argument("--varlen packs whole sequences for the forward and backward steps: not with "
+                                  "--decode or --page-size");
+    cu_seqlens = {0};
+    int longest = 0;
+    for (const std::string& text : Args::split(args.get("varlen", ""))) {
+      std::size_t used = 0;
+      int len = -1;
+      try {
+        len = std::stoi(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || len < 0 || cu_seqlens.back() > std::numeric_limits<int>::max() - len)
+        throw std::invalid_argument("--varlen must be the pack's sequence lengths, whole numbers >= 0 separated by "
+                                    "commas (e.g. 100,1,4096), in all below 2^31; got '" + args.get("varlen", "") + "'");
+      cu_seqlens.push_back(cu_seqlens.back() + len);
+      longest = std::max(longest, len);
+    }
+    if (cu_seqlens.back() == 0)
+      throw std::invalid_argument("--varlen: the pack holds no token; give at least one length above 0");
+    for (Shape& shape : shapes) {
+      shape.batch = int(cu_seqlens.size()) - 1, shape.q_len = shape.kv_len = longest;
+      shape.suite += "-varlen" + std::to_string(shape.batch) + "_" + std::to_string(cu_seqlens.back());
+    }
+  }
   const std::string csv_path = args.get("csv", "fa-bench.csv");
   auto of_pass = [](Pass pass) { return [pass](const StepInfo* s) { return s->pass == pass; }; };
   // The cuBLAS baseline is a forward: it is timed where forward steps are.
@@ -669,6 +720,7 @@ int run(int argc, char** argv) {
     if (page_size > 0) p.page_size = page_size, p.pages = p.batch * (p.kv_len / page_size);
     p.window_left = window_left, p.window_right = window_right;
     p.softcap = float(softcap), p.sinks = sinks;
+    if (!cu_seqlens.empty()) p.cu_seqlens_q = p.cu_seqlens_k = cu_seqlens;
     validate(p);
     const std::uint64_t config_seed = seed + planned.index;
 

@@ -61,7 +61,11 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          [--causal-align top-left|bottom-right] with --causal: bottom-right, the last query row sees every key
        the models' features (steps that take them; others refuse them): [--window LEFT,RIGHT] a sliding window
          (FlashAttention's window_size, -1 an open side); [--softcap C] logit soft-capping; [--sinks SINKS.npy]
-         one float32 logit a query head ([Hq]), or with --random, --sinks random (--dump writes sinks.npy)
+         one float32 logit a query head ([Hq]), or with --random, --sinks random (--dump writes sinks.npy);
+         [--cu-seqlens-q A --cu-seqlens-k B] a pack of sequences of their own lengths (FlashAttention's varlen):
+         offsets 0, len_0, len_0 + len_1, .. as a comma list or an int32 .npy of B + 1 values; Q, K, V, O and
+         dO are then [total, H, d] and LSE [Hq, total_q]; with --random B,Nq,Nkv,.. B is the count and Nq, Nkv
+         at least each length (FlashAttention's max_seqlen); --dump writes cu_seqlens_q.npy, cu_seqlens_k.npy
        fa-run --list     every step and variant, with the dtypes, head_dims, GPU and pass
        bf16 .npy files do not exist: bf16 tensors are written as float32, and
        float32 files with --dtype bf16 are rounded to bf16
@@ -110,6 +114,31 @@ std::vector<int> kv_lens_from(const std::string& text) {
   std::vector<int> out;
   for (const auto& item : Args::split(text)) out.push_back(std::stoi(item));
   return out;
+}
+
+// A pack's offsets (FlashAttention's cu_seqlens): a comma list, or an int32 .npy of B + 1 values.
+std::vector<int> offsets_from(const std::string& text, const char* option) {
+  if (text.size() > 4 && text.substr(text.size() - 4) == ".npy") {
+    const NpyInts offsets = read_npy_ints(text);
+    if (offsets.shape.size() != 1)
+      throw std::invalid_argument(text + ": " + option + " must be one dimension [B + 1]; got " + shape_text(offsets.shape));
+    return offsets.values;
+  }
+  std::vector<int> values;
+  for (const std::string& item : Args::split(text)) {
+    std::size_t used = 0;
+    int value = -1;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size())
+      throw std::invalid_argument(std::string("--") + option + " must be offsets 0,len_0,.. (whole numbers) or an int32 "
+                                  ".npy; got '" + text + "'");
+    values.push_back(value);
+  }
+  return values;
 }
 
 // The models' features (issue 58), FlashAttention's names: --window LEFT,RIGHT (-1: an open side), --softcap C,
@@ -195,7 +224,7 @@ int run(int argc, char** argv) {
   const Args args(argc, argv,
                   {"step", "q", "k", "v", "out", "random", "dtype", "dump", "scale", "seed", "lse-out", "o", "lse",
                    "do", "dq", "dk", "dv", "dsinks", "kv-lens", "page-size", "page-table", "causal-align", "window",
-                   "softcap", "sinks"},
+                   "softcap", "sinks", "cu-seqlens-q", "cu-seqlens-k"},
                   {"help", "causal", "check", "list"});
   if (args.has("list")) {
     print_step_list(std::cout);
@@ -231,6 +260,12 @@ int run(int argc, char** argv) {
       if (p.page_size > 0) p.pages = p.batch * (p.kv_len / p.page_size);
     }
     set_features(p, args);
+    if (args.has("cu-seqlens-q") != args.has("cu-seqlens-k"))
+      throw std::invalid_argument("a pack needs both --cu-seqlens-q and --cu-seqlens-k (equal for self-attention)");
+    if (args.has("cu-seqlens-q")) {
+      p.cu_seqlens_q = offsets_from(args.get("cu-seqlens-q", ""), "cu-seqlens-q");
+      p.cu_seqlens_k = offsets_from(args.get("cu-seqlens-k", ""), "cu-seqlens-k");
+    }
     if (args.has("sinks") && args.get("sinks", "") != "random")
       throw std::invalid_argument("with --random, --sinks random draws the sinks (uniform in [-2, 2)); got '" +
                                   args.get("sinks", "") + "'");
@@ -281,7 +316,18 @@ int run(int argc, char** argv) {
                                            k_pool.shape[3]});
       inputs.v = HostTensor(v_pool.dtype, inputs.k.shape);  // filled once the problem is known, below
     }
-    p = problem_from(inputs, {args.get("q", ""), args.get("k", ""), args.get("v", "")});
+    if (args.has("cu-seqlens-q") != args.has("cu-seqlens-k"))
+      throw std::invalid_argument("a pack needs both --cu-seqlens-q and --cu-seqlens-k (equal for self-attention)");
+    if (args.has("cu-seqlens-q")) {
+      if (args.has("page-table")) throw std::invalid_argument("a pack (--cu-seqlens-q) takes no --page-table");
+      p = problem_from_packed(shape_of(inputs.q, args.get("q", "")), shape_of(inputs.k, args.get("k", "")),
+                              shape_of(inputs.v, args.get("v", "")),
+                              offsets_from(args.get("cu-seqlens-q", ""), "cu-seqlens-q"),
+                              offsets_from(args.get("cu-seqlens-k", ""), "cu-seqlens-k"),
+                              "(f32, f16 or bf16 as float32 with --dtype bf16)");
+    } else {
+      p = problem_from(inputs, {args.get("q", ""), args.get("k", ""), args.get("v", "")});
+    }
     if (args.has("page-table")) {
       if (v_pool.shape != k_pool.shape)
         throw std::invalid_argument("the K pool " + shape_text(k_pool) + " and the V pool " + shape_text(v_pool) +
@@ -355,6 +401,10 @@ int run(int argc, char** argv) {
     }
     if (!p.kv_lens.empty()) write_npy_ints((dump / "kv_lens.npy").string(), {p.batch}, p.kv_lens);
     if (p.sinks) write_npy((dump / "sinks.npy").string(), inputs.sinks);
+    if (p.varlen()) {
+      write_npy_ints((dump / "cu_seqlens_q.npy").string(), {p.batch + 1}, p.cu_seqlens_q);
+      write_npy_ints((dump / "cu_seqlens_k.npy").string(), {p.batch + 1}, p.cu_seqlens_k);
+    }
     if (backward) {
       write_npy((dump / "o.npy").string(), backward_inputs.o);
       write_npy((dump / "lse.npy").string(), backward_inputs.lse);
@@ -388,7 +438,7 @@ int run(int argc, char** argv) {
   std::printf("step %s: %s -> %s\n", step.label().c_str(), p.describe().c_str(), out_path.c_str());
   if (!lse_path.empty()) {
     write_npy(lse_path, device.download_lse(p));
-    std::printf("row log-sum-exp (float32 [B, Hq, Nq]) -> %s\n", lse_path.c_str());
+    std::printf("row log-sum-exp (float32 %s) -> %s\n", p.varlen() ? "[Hq, total_q]" : "[B, Hq, Nq]", lse_path.c_str());
   }
   if (args.has("check")) {
     const std::vector<double> sinks = p.sinks ? inputs.sinks.to_double() : std::vector<double>();

@@ -5,13 +5,18 @@
 
 Every FOLDER/<side>-<round>-<rest>.csv (fa-bench's columns, written by fa-bench or a peer script) goes into OUT.csv
 under fa-bench's header once, each row with its round in the suite column: round<k>, and round<k>-pages<N> for a
-row of a paged cache (suite decode-pages<N>), as tools/tables.py reads them; a row of side `old` (an earlier tree's
-fa-bench, FA_ROUND_BENCH) gets `old` appended to its variant.
+row of a paged cache (suite decode-pages<N>), round<k>-window<L>_<R>, -softcap<C>, -sinks for a row timed with a
+model feature or a pack, -varlen<count>_<total> (the suffixes fa-bench and sdpa_peers.py give its suite), as tools/tables.py reads them; a row of side
+`old` (an earlier tree's fa-bench, FA_ROUND_BENCH) gets `old` appended to its variant.
 """
 import csv
 import glob
 import os
+import re
 import sys
+
+#: The suite's suffixes a round keeps: a paged cache's and the model features'.
+KEPT = re.compile(r"-(pages|window|softcap|sinks|varlen)")
 
 
 def merge(folder: str, out: str) -> int:
@@ -29,8 +34,8 @@ def merge(folder: str, out: str) -> int:
             for row in reader:
                 if side == "old":
                     row[1] = (row[1] + "-old") if row[1] else "old"
-                pages = row[suite].find("-pages")
-                row[suite] = "round" + round_ + (row[suite][pages:] if pages >= 0 else "")
+                kept = KEPT.search(row[suite])
+                row[suite] = "round" + round_ + (row[suite][kept.start():] if kept else "")
                 rows.append(row)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")

@@ -53,6 +53,7 @@ does the same); the suite column says decode-pages<N>, and SDPA's backends, whic
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import csv
 import math
@@ -129,6 +130,11 @@ def parse_args(argv=None):
                         help="attention sinks, one logit a query head drawn uniform in [-2, 2) (FlashAttention-4's "
                              "learnable_sink); fa4 only; the suite column says <suite>-sinks. With any of these "
                              "three the backward's dQ is timed, not checked (its rel_err is nan)")
+    parser.add_argument("--varlen", default="",
+                        help="L1,L2,...: packed variable lengths (FlashAttention's varlen), the pack's sequences, "
+                             "each Li query rows and keys, as fa-bench --varlen: they replace every shape's B, Nq and "
+                             "Nkv (the count, the longest); fa4 only (flash_attn_varlen_func); the suite column says "
+                             "<suite>-varlen<count>_<total>; the backward's dQ is timed, not checked")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="timed calls, median reported (default 15, at least 15)")
     parser.add_argument("--sample-rows", type=int, default=64, help="output rows checked in float64 (default 64)")
@@ -163,9 +169,18 @@ def parse_args(argv=None):
             softcap = -1.0
         if not (softcap > 0 and math.isfinite(softcap)):
             parser.error(f"--softcap {args.softcap}: expected a cap C > 0")
-    args.features = Features(window, softcap, args.softcap, args.sinks)
+    lengths = None
+    if args.varlen:
+        try:
+            lengths = tuple(int(n) for n in args.varlen.split(","))
+        except ValueError:
+            lengths = (-1,)
+        if min(lengths) < 0 or sum(lengths) == 0:
+            parser.error(f"--varlen {args.varlen}: expected the pack's lengths, whole numbers >= 0 separated by commas, "
+                         "at least one above 0")
+    args.features = Features(window, softcap, args.softcap, args.sinks, lengths)
     if args.features.any() and args.passes == "decode":
-        parser.error("--window, --softcap and --sinks are not taken with --pass decode")
+        parser.error("--window, --softcap, --sinks and --varlen are not taken with --pass decode")
     if not args.site and os.environ.get("FA_PEER_SITE"):
         args.site = os.environ["FA_PEER_SITE"].split(os.pathsep)
     return args
@@ -173,22 +188,32 @@ def parse_args(argv=None):
 
 class Features:
     """The model features of a run (issue 58): a window (LEFT, RIGHT) or None, a soft-cap (0: none) and the text it
-    was given as (for the suite column, as fa-bench writes it), and whether each head has a sink."""
+    was given as (for the suite column, as fa-bench writes it), whether each head has a sink, and a pack's lengths
+    (packed variable lengths) or None."""
 
-    def __init__(self, window=None, softcap=0.0, softcap_text="", sinks=False):
+    def __init__(self, window=None, softcap=0.0, softcap_text="", sinks=False, lengths=None):
         self.window, self.softcap, self.softcap_text, self.sinks = window, softcap, softcap_text, sinks
+        self.lengths = lengths
+
+    def offsets(self) -> list:
+        """The pack's cu_seqlens: 0, then where each sequence ends."""
+        out = [0]
+        for n in self.lengths:
+            out.append(out[-1] + n)
+        return out
 
     def windowed(self, causal: bool) -> bool:
         """Whether the window bounds some row (AttentionProblem::windowed)."""
         return self.window is not None and (self.window[0] >= 0 or (self.window[1] >= 0 and not causal))
 
     def any(self) -> bool:
-        return self.window is not None or self.softcap > 0 or self.sinks
+        return self.window is not None or self.softcap > 0 or self.sinks or self.lengths is not None
 
     def suffix(self) -> str:
         """What fa-bench appends to the suite column for the same options."""
         return ((f"-window{self.window[0]}_{self.window[1]}" if self.window is not None else "")
-                + (f"-softcap{self.softcap_text}" if self.softcap > 0 else "") + ("-sinks" if self.sinks else ""))
+                + (f"-softcap{self.softcap_text}" if self.softcap > 0 else "") + ("-sinks" if self.sinks else "")
+                + (f"-varlen{len(self.lengths)}_{sum(self.lengths)}" if self.lengths is not None else ""))
 
 
 NO_FEATURES = Features()
@@ -234,6 +259,9 @@ def plan(args):
                          f"{','.join(map(str, shape))} (a paged cache holds whole pages)")
         shapes = [(f"{suite}-pages{args.page_size}", shape) for suite, shape in shapes]
     features = getattr(args, "features", NO_FEATURES)
+    if features.lengths is not None:  # the pack's count and longest length replace B, Nq and Nkv
+        longest = max(features.lengths)
+        shapes = [(suite, (len(features.lengths), longest, longest, *shape[3:])) for suite, shape in shapes]
     shapes = [(suite + features.suffix(), shape) for suite, shape in shapes]
     return [(suite, shape, dtype, causal == "yes", backend, pass_)
             for suite, shape in shapes
@@ -250,6 +278,16 @@ def flops(shape, causal: bool, pass_: str = "forward", features: Features = NO_F
     """4·B·Hq·Nq·Nkv·d, halved when causal, and 2.5 times that for the backward: the same count as fa-bench
     (AttentionProblem::flops(Pass)); with a window, 4·B·Hq·d times the (row, key) pairs it leaves."""
     batch, q_len, kv_len, q_heads, _, head_dim = shape
+    if features.lengths is not None:  # a pack: each sequence alone, its rows over its own keys
+        pairs = 0
+        for n in features.lengths:
+            if features.windowed(causal):
+                pairs += sum(last - first for first, last in (key_range(i, n, n, causal, features.window)
+                                                              for i in range(n)))
+            else:
+                pairs += n * n / 2 if causal else n * n
+        forward = 4.0 * q_heads * pairs * head_dim
+        return 2.5 * forward if pass_ == "backward" else forward
     if features.windowed(causal):
         pairs = sum(last - first for first, last in (key_range(i, q_len, kv_len, causal, features.window)
                                                       for i in range(q_len)))
@@ -283,7 +321,7 @@ def refusal(backend: str, shape, dtype: str, causal: bool, pass_: str = "forward
     """Why a peer does not take a configuration (None when it does): checked before any call."""
     if backend != "fa4":
         if features.any():
-            return "SDPA takes no sliding window, soft-cap or sinks"
+            return "SDPA takes no sliding window, soft-cap, sinks or packed lengths"
         return "SDPA takes no paged cache" if page_size else None
     if features.window is not None and shape[1] != shape[2]:
         return "FlashAttention-4 aligns the window bottom-right, the course top-left; they agree only when Nq = Nkv"
@@ -323,8 +361,10 @@ def open_csv(path: str):
 class Inputs:
     """Q, K, V of one shape and dtype in the course's layout [B, N, H, d]."""
 
-    def __init__(self, torch, shape, dtype, seed, sinks: bool = False):
+    def __init__(self, torch, shape, dtype, seed, sinks: bool = False, total=None):
         batch, q_len, kv_len, q_heads, kv_heads, head_dim = shape
+        if total is not None:  # a pack: one sequence of every row, [1, total, H, d]
+            batch, q_len, kv_len = 1, total, total
         generator = torch.Generator(device="cuda").manual_seed(seed)
 
         def uniform(*size):
@@ -418,15 +458,21 @@ def reference_rows(torch, inputs: Inputs, shape, causal: bool, rows, bottom_righ
     soft-cap and sinks as the course's reference applies them."""
     head_dim = shape[5]
     group = shape[3] // shape[4]
+    offsets = features.offsets() if features.lengths is not None else None
     out = []
     for b, i, h in rows:
         q = inputs.q[b, i, h].double()
         k = inputs.k[b, :, h // group].double()
         v = inputs.v[b, :, h // group].double()
+        q_len, kv_len = shape[1], shape[2]
+        if offsets is not None:  # a pack's row i: row i - start of its sequence, over that sequence's keys alone
+            seq = bisect.bisect_right(offsets, i) - 1
+            start, q_len = offsets[seq], offsets[seq + 1] - offsets[seq]
+            k, v, i, kv_len = k[start:start + q_len], v[start:start + q_len], i - start, q_len
         scores = (k @ q) / math.sqrt(head_dim)
         if features.softcap > 0:
             scores = features.softcap * torch.tanh(scores / features.softcap)
-        first, last = key_range(i, shape[1], shape[2], causal, features.window, bottom_right)
+        first, last = key_range(i, q_len, kv_len, causal, features.window, bottom_right)
         scores[:first] = -math.inf
         scores[last:] = -math.inf
         if features.sinks:  # one more logit in the softmax, with no value
@@ -518,6 +564,14 @@ def attention_call(torch, backend: str, inputs: Inputs, causal: bool, features: 
         if not features.any():
             return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)[0]
         window = tuple(None if side < 0 else side for side in (features.window or (-1, -1)))
+        if features.lengths is not None:  # the pack [1, total, H, d] as [total, H, d], and back
+            from flash_attn.cute import flash_attn_varlen_func
+
+            cu = torch.tensor(features.offsets(), dtype=torch.int32, device="cuda")
+            longest = max(features.lengths)
+            return lambda q, k, v: flash_attn_varlen_func(
+                q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                causal=causal, window_size=window, softcap=features.softcap, learnable_sink=inputs.sinks)[0].unsqueeze(0)
         return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=features.softcap,
                                                learnable_sink=inputs.sinks)[0]
     import torch.nn.functional as F
@@ -570,8 +624,8 @@ def measure_backward(torch, attend, inputs: Inputs, shape, causal: bool, args):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before - sum(g.numel() * g.element_size() for g in grads)
 
-    # Accuracy of dQ on sampled rows; grads[0] is [B, N, H, d].
-    rows = sampled_rows(torch, shape, args)
+    # Accuracy of dQ on sampled rows; grads[0] is [B, N, H, d] ([1, total, H, d] for a pack).
+    rows = sampled_rows(torch, tuple(grads[0].shape[:2]) + tuple(shape[2:]), args)
     got = torch.stack([grads[0][b, i, h].double() for b, i, h in rows])
     # The float64 dQ of a window, a cap or sinks is not written here: timed, not checked.
     if getattr(args, "features", NO_FEATURES).any():
@@ -599,11 +653,11 @@ def measure(torch, attend, inputs: Inputs, shape, causal: bool, args):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
 
-    # Accuracy on sampled rows; out is [B, N, H, d].
-    rows = sampled_rows(torch, shape, args)
+    # Accuracy on sampled rows; out is [B, N, H, d] ([1, total, H, d] for a pack).
+    features = getattr(args, "features", NO_FEATURES)
+    rows = sampled_rows(torch, tuple(out.shape[:2]) + tuple(shape[2:]), args)
     got = torch.stack([out[b, i, h].double() for b, i, h in rows])
-    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows,
-                                                         features=getattr(args, "features", NO_FEATURES)))
+    rel_err, max_err = errors(torch, got, reference_rows(torch, inputs, shape, causal, rows, features=features))
     del out
     return (*event_times(torch, lambda n: call(), args), max(0, extra), rel_err, max_err)
 
@@ -656,7 +710,8 @@ def main(argv=None) -> int:
             if inputs_key != (shape, dtype):
                 inputs = None
                 torch.cuda.empty_cache()
-                inputs = Inputs(torch, shape, dtypes[dtype], args.seed, args.features.sinks)
+                total = sum(args.features.lengths) if args.features.lengths is not None else None
+                inputs = Inputs(torch, shape, dtypes[dtype], args.seed, args.features.sinks, total)
                 inputs_key = (shape, dtype)
             what = (f"{step_name(backend):<14} {suite:<8} {dtype} {','.join(map(str, shape))} "
                     f"causal={'yes' if causal else 'no'}" + ("" if pass_ == "forward" else f" {pass_}"))

@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -274,13 +275,29 @@ struct Call {
 /// Hkv, d] and the cache's capacity pages_per_sequence x page_size. kv_lens and the page table are never read on
 /// the host: the problem takes each length as the capacity, and the decode kernels check the values (see the top).
 /// The models' features of a call (issue 58), FlashAttention's names: window_size = (left, right) (-1: an open
-/// side), softcap (0: none), sinks (float32 [Hq], one logit a query head, or none).
+/// side), softcap (0: none), sinks (float32 [Hq], one logit a query head, or none), and a pack's offsets
+/// cu_seqlens_q and cu_seqlens_k (int32 [B + 1] each; Q, K, V then [total, H, d]).
 struct FeatureArgs {
   int window_left = -1;
   int window_right = -1;
   double softcap = 0;
   OptionalTensor sinks;
+  OptionalTensor cu_seqlens_q;
+  OptionalTensor cu_seqlens_k;
 };
+
+/// A pack's offsets as the host reads them: int32 [n], copied from the GPU when they live there (cudaMemcpy: the
+/// one host sync of a packed call; the problem's validation and the launcher's tile count read them).
+std::vector<int> offsets_of(const Tensor& t, const std::string& name) {
+  if (t.ndim() != 1) throw std::invalid_argument(name + ": must be int32 [B + 1]; got " + fa::shape_text(shape_vector(t)));
+  check_ints(t, name, {std::int64_t(t.shape(0))});
+  std::vector<int> values(t.shape(0));
+  if (t.device_type() == nb::device::cuda::value)
+    FA_CUDA_CHECK(cudaMemcpy(values.data(), t.data(), values.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  else
+    std::memcpy(values.data(), t.data(), values.size() * sizeof(int));
+  return values;
+}
 
 Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
               std::optional<double> scale, const std::string& causal_align, const OptionalTensor& kv_lens,
@@ -303,7 +320,18 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
     k_shape.shape = v_shape.shape = {std::int64_t(q.shape(0)), std::int64_t(page_table->shape(1)) * page_size,
                                      k_shape.shape[2], k_shape.shape[3]};
   }
-  Call call{step, fa::problem_from(q_shape, k_shape, v_shape), {}, false, -1, "step " + step.label(), 0};
+  if (features.cu_seqlens_q.has_value() != features.cu_seqlens_k.has_value())
+    throw std::invalid_argument("a pack needs both cu_seqlens_q and cu_seqlens_k (int32 [B + 1] each; equal for "
+                                "self-attention)");
+  if (features.cu_seqlens_q && (page_table || kv_lens))
+    throw std::invalid_argument("a pack (cu_seqlens_q, cu_seqlens_k) takes no page_table or kv_lens: its sequences' "
+                                "lengths are in its offsets");
+  Call call{step,
+            features.cu_seqlens_q
+                ? fa::problem_from_packed(q_shape, k_shape, v_shape, offsets_of(*features.cu_seqlens_q, "cu_seqlens_q"),
+                                          offsets_of(*features.cu_seqlens_k, "cu_seqlens_k"))
+                : fa::problem_from(q_shape, k_shape, v_shape),
+            {}, false, -1, "step " + step.label(), 0};
   AttentionProblem& p = call.p;
   p.causal = causal;
   if (scale) p.scale = float(*scale);
@@ -338,6 +366,10 @@ Call call_for(const std::string& label, const Tensor& q, const Tensor& k, const 
   if (page_table) call.t.page_table = static_cast<const int*>(page_table->data());
   if (kv_lens) call.t.kv_lens = static_cast<const int*>(kv_lens->data());
   if (features.sinks) call.t.sinks = static_cast<const float*>(features.sinks->data());
+  if (features.cu_seqlens_q) {
+    call.t.cu_seqlens_q = static_cast<const int*>(features.cu_seqlens_q->data());
+    call.t.cu_seqlens_k = static_cast<const int*>(features.cu_seqlens_k->data());
+  }
   call.on_gpu = q.device_type() == nb::device::cuda::value;
   if (call.on_gpu) call.device = q.device_id();
   return call;
@@ -407,6 +439,7 @@ nb::dict describe(const StepInfo& s) {
   d["kv_lens"] = s.cache_forms.kv_lens, d["paged"] = s.cache_forms.paged;
   d["bottom_right"] = s.cache_forms.bottom_right, d["max_q_len"] = s.cache_forms.max_q_len;
   d["window"] = s.features.window, d["softcap"] = s.features.softcap, d["sinks"] = s.features.sinks;
+  d["varlen"] = s.features.varlen;
   return d;
 }
 
@@ -426,11 +459,11 @@ NB_MODULE(_ext, m) {
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
            std::optional<double> scale, const std::string& causal_align, const OptionalTensor& kv_lens,
            const OptionalTensor& page_table, int window_left, int window_right, double softcap,
-           const OptionalTensor& sinks) {
+           const OptionalTensor& sinks, const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k) {
           report_earlier_faults(q);
           const fa::Pass pass = step_named(step).pass;
           const Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, pass,
-                                     {window_left, window_right, softcap, sinks});
+                                     {window_left, window_right, softcap, sinks, cu_seqlens_q, cu_seqlens_k});
           check_memory(q, "q", -1), check_memory(k, "k", call.device), check_memory(v, "v", call.device);
           if (kv_lens) check_memory(*kv_lens, "kv_lens", call.device);
           if (page_table) check_memory(*page_table, "page_table", call.device);
@@ -441,7 +474,8 @@ NB_MODULE(_ext, m) {
         nb::arg("step"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("causal") = false,
         nb::arg("scale") = nb::none(), nb::arg("causal_align") = "top-left", nb::arg("kv_lens") = nb::none(),
         nb::arg("page_table") = nb::none(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(),
+        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(), nb::arg("cu_seqlens_q") = nb::none(),
+        nb::arg("cu_seqlens_k") = nb::none(),
         "Bytes of workspace the step needs for this call on q's device (0: none). The size follows that device's "
         "SM count for the decode steps.");
 
@@ -449,15 +483,18 @@ NB_MODULE(_ext, m) {
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
            const OptionalTensor& lse, const OptionalTensor& workspace, bool causal, std::optional<double> scale,
            const std::string& causal_align, const OptionalTensor& kv_lens, const OptionalTensor& page_table,
-           int window_left, int window_right, double softcap, const OptionalTensor& sinks, std::uintptr_t stream) {
+           int window_left, int window_right, double softcap, const OptionalTensor& sinks,
+           const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k, std::uintptr_t stream) {
           report_earlier_faults(q);
           Call call = call_for(step, q, k, v, causal, scale, causal_align, kv_lens, page_table, fa::Pass::forward,
-                               {window_left, window_right, softcap, sinks});
+                               {window_left, window_right, softcap, sinks, cu_seqlens_q, cu_seqlens_k});
           check_form(out, "out", fa::q_shape(call.p), call.p.dtype);
           if (lse) check_form(*lse, "lse", fa::lse_shape(call.p), DType::f32);
           check_overlaps({{"out", &out}, {"lse", lse ? &*lse : nullptr}, {"workspace", workspace ? &*workspace : nullptr}},
                          {{"q", &q}, {"k", &k}, {"v", &v}, {"kv_lens", kv_lens ? &*kv_lens : nullptr},
-                          {"page_table", page_table ? &*page_table : nullptr}, {"sinks", sinks ? &*sinks : nullptr}});
+                          {"page_table", page_table ? &*page_table : nullptr}, {"sinks", sinks ? &*sinks : nullptr},
+                          {"cu_seqlens_q", cu_seqlens_q ? &*cu_seqlens_q : nullptr},
+                          {"cu_seqlens_k", cu_seqlens_k ? &*cu_seqlens_k : nullptr}});
           call.t.o = out.data();
           if (lse) call.t.lse = static_cast<float*>(lse->data());
           DeviceGuard guard;
@@ -466,6 +503,8 @@ NB_MODULE(_ext, m) {
           if (page_table) check_memory(*page_table, "page_table", call.device);
           if (kv_lens) check_memory(*kv_lens, "kv_lens", call.device);
           if (sinks) check_memory(*sinks, "sinks", call.device);
+          if (cu_seqlens_q) check_memory(*cu_seqlens_q, "cu_seqlens_q", call.device);
+          if (cu_seqlens_k) check_memory(*cu_seqlens_k, "cu_seqlens_k", call.device);
           check_memory(out, "out", call.device);
           if (lse) check_memory(*lse, "lse", call.device);
           if (workspace) check_memory(*workspace, "workspace", call.device);
@@ -475,7 +514,8 @@ NB_MODULE(_ext, m) {
         nb::arg("lse") = nb::none(), nb::arg("workspace") = nb::none(), nb::arg("causal") = false,
         nb::arg("scale") = nb::none(), nb::arg("causal_align") = "top-left", nb::arg("kv_lens") = nb::none(),
         nb::arg("page_table") = nb::none(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(), nb::arg("stream") = 0,
+        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(), nb::arg("cu_seqlens_q") = nb::none(),
+        nb::arg("cu_seqlens_k") = nb::none(), nb::arg("stream") = 0,
         "O (and, when given, the rows' log-sum-exp LSE, float32 [B, Hq, Nq]) of a forward or decode step, written "
         "into out [B, Nq, Hq, d], on `stream`, with q's device current. The workspace (workspace_bytes() of it, "
         "uint8, 16-byte aligned) is zeroed on `stream` before the launch. kv_lens and page_table stay on the GPU: "
@@ -483,7 +523,11 @@ NB_MODULE(_ext, m) {
         "outside the pool) is raised as ValueError by the next call on this device or by check(). No host sync "
         "and no allocation: a CUDA graph can capture the call (after one call outside the capture, which makes "
         "the device's status record). window_left and window_right (FlashAttention's window_size, -1 an open side), "
-        "softcap and sinks (float32 [Hq]) are the models' features, taken by the steps that list them (steps()).");
+        "softcap and sinks (float32 [Hq]) are the models' features, taken by the steps that list them (steps()); "
+        "so is a pack (FlashAttention's varlen): cu_seqlens_q and cu_seqlens_k, int32 [B + 1] on q's device, with "
+        "q, out [total_q, Hq, d], k, v [total_k, Hkv, d] and lse float32 [Hq, total_q]. A packed call reads the "
+        "offsets back to the host (one sync: the problem's checks and the launcher's tile count need them), so a "
+        "CUDA graph cannot capture it.");
 
   m.def("backward",
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

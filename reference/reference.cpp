@@ -12,17 +12,28 @@
 namespace fa {
 
 namespace {
-/// Row i of head h of sequence b in a [batch, q_len, q_heads, head_dim] tensor (Q, O, dO, dQ).
+/// Row i of head h of sequence b in a [batch, q_len, q_heads, head_dim] tensor (Q, O, dO, dQ), or a packed
+/// [total_q, q_heads, head_dim] one (varlen).
 const double* q_row_of(const AttentionProblem& p, const double* t, int b, int i, int h) {
-  return t + ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim;
+  return t + (p.q_row(b, i) * p.q_heads + h) * p.head_dim;
 }
-/// Row j of KV head kv_head of sequence b in a [batch, kv_len, kv_heads, head_dim] tensor (K, V, dK, dV).
+/// Row j of KV head kv_head of sequence b in a [batch, kv_len, kv_heads, head_dim] tensor (K, V, dK, dV), or a
+/// packed [total_k, kv_heads, head_dim] one.
 const double* kv_row_of(const AttentionProblem& p, const double* t, int b, int j, int kv_head) {
-  return t + ((std::int64_t(b) * p.kv_len + j) * p.kv_heads + kv_head) * p.head_dim;
+  return t + (p.kv_row(b, j) * p.kv_heads + kv_head) * p.head_dim;
 }
-/// Where row (b, i) of head h sits in LSE (and in the backward's D): [batch, q_heads, q_len].
-std::int64_t lse_index(const AttentionProblem& p, int b, int i, int h) {
-  return (std::int64_t(b) * p.q_heads + h) * p.q_len + i;
+/// Where row (b, i) of head h sits in LSE (and in the backward's D): [batch, q_heads, q_len], or
+/// [q_heads, total_q] (varlen).
+std::int64_t lse_index(const AttentionProblem& p, int b, int i, int h) { return p.lse_index(b, i, h); }
+
+/// Query row r = (row of Q, head) of the output's own order: its sequence b, row i in it and head h.
+struct QueryRow {
+  int b, i, h;
+};
+QueryRow query_row(const AttentionProblem& p, std::int64_t r) {
+  const std::int64_t row = r / p.q_heads;
+  const int b = p.sequence_of_q_row(row);
+  return {b, int(row - p.q_row(b, 0)), int(r % p.q_heads)};
 }
 
 /// x·y over n elements, added in order.
@@ -146,13 +157,11 @@ std::vector<double> reference_attention(const AttentionProblem& p, const std::ve
   check_size("reference_attention", "v", v.size(), p.kv_elements(), p);
   std::vector<double> out(q.size());
   if (lse) lse->assign(p.lse_elements(), 0.0);
-  const std::int64_t rows = std::int64_t(p.batch) * p.q_len * p.q_heads;
+  const std::int64_t rows = p.total_q() * p.q_heads;
   std::vector<double> worker_max(workers_for(rows), 0.0);
   // Row r is (b, i, h) in the output's own order, so each row is contiguous.
   parallel_for(rows, [&](int worker, std::int64_t r) {
-    const int h = int(r % p.q_heads);
-    const int i = int((r / p.q_heads) % p.q_len);
-    const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
+    const auto [b, i, h] = query_row(p, r);
     const double row_max = reference_attention_row(p, q.data(), k.data(), v.data(), b, i, h,
                                                    out.data() + r * p.head_dim,
                                                    lse ? lse->data() + lse_index(p, b, i, h) : nullptr, sinks);
@@ -169,18 +178,16 @@ std::vector<double> reference_lse(const AttentionProblem& p, const std::vector<d
   check_size("reference_lse", "q", q.size(), p.q_elements(), p);
   check_size("reference_lse", "k", k.size(), p.kv_elements(), p);
   std::vector<double> lse(p.lse_elements());
-  // Index r is (b, h, i), LSE's own order.
+  // Index r is (b, i, h) in Q's order; each writes its own LSE entry.
   parallel_for(p.lse_elements(), [&](int, std::int64_t r) {
-    const int i = int(r % p.q_len);
-    const int h = int((r / p.q_len) % p.q_heads);
-    const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
+    const auto [b, i, h] = query_row(p, r);
     std::vector<double> scores(p.keys_range(b, i).count());
     const double sink = sink_of(p, sinks, h);
     const double row_max = std::max(row_scores(p, q.data(), k.data(), b, i, h, scores.data()), sink);
     double row_sum = std::exp(sink - row_max);
     for (double s : scores) row_sum += std::exp(s - row_max);
     // No key and no sink: the empty sum's log, -inf.
-    lse[r] = row_max == -INFINITY ? -INFINITY : row_max + std::log(row_sum);
+    lse[std::size_t(lse_index(p, b, i, h))] = row_max == -INFINITY ? -INFINITY : row_max + std::log(row_sum);
   });
   return lse;
 }
@@ -204,10 +211,8 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
 
   // Pass 1, over query rows r = (b, i, h) in dQ's order: P, the exact O, D_i, and
   // dQ_i = scale sum_j P_ij (dO_i·V_j - D_i) c'(s_ij) K_j, c' the soft-cap's slope (1 without one).
-  parallel_for(std::int64_t(p.batch) * p.q_len * p.q_heads, [&](int, std::int64_t r) {
-    const int h = int(r % p.q_heads);
-    const int i = int((r / p.q_heads) % p.q_len);
-    const int b = int(r / (std::int64_t(p.q_heads) * p.q_len));
+  parallel_for(p.total_q() * p.q_heads, [&](int, std::int64_t r) {
+    const auto [b, i, h] = query_row(p, r);
     const KeyRange range = p.keys_range(b, i);
     const int keys = range.count(), kv_head = h / g;
     const double sink = sink_of(p, sinks, h);
@@ -242,16 +247,16 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
   // Pass 2, over keys r = (b, j, kv_head) in dK's order: every query row of every head of the group
   // that sees key j (j in p.keys_range(b, i): the mask, the window and the sequence's length) adds its share;
   // only this item writes row r. A key past its sequence's length, or one no row sees, gets 0.
-  parallel_for(std::int64_t(p.batch) * p.kv_len * p.kv_heads, [&](int, std::int64_t r) {
+  parallel_for(p.total_k() * p.kv_heads, [&](int, std::int64_t r) {
     const int kv_head = int(r % p.kv_heads);
-    const int j = int((r / p.kv_heads) % p.kv_len);
-    const int b = int(r / (std::int64_t(p.kv_heads) * p.kv_len));
+    const int b = p.sequence_of_kv_row(r / p.kv_heads);
+    const int j = int(r / p.kv_heads - p.kv_row(b, 0));
     const double* k_row = kv_row_of(p, k.data(), b, j, kv_head);
     const double* v_row = kv_row_of(p, v.data(), b, j, kv_head);
     double* dk_row = grads.dk.data() + r * d;
     double* dv_row = grads.dv.data() + r * d;
     for (int h = kv_head * g; h < (kv_head + 1) * g; ++h)
-      for (int i = 0; i < p.q_len; ++i) {
+      for (int i = 0; i < p.q_len_of(b); ++i) {
         const KeyRange range = p.keys_range(b, i);
         if (j < range.first || j >= range.last) continue;
         const double* q_row = q_row_of(p, q.data(), b, i, h);
@@ -272,7 +277,7 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
     grads.dsinks.assign(std::size_t(p.q_heads), 0.0);
     for (int h = 0; h < p.q_heads; ++h)
       for (int b = 0; b < p.batch; ++b)
-        for (int i = 0; i < p.q_len; ++i) {
+        for (int i = 0; i < p.q_len_of(b); ++i) {
           const std::int64_t x = lse_index(p, b, i, h);
           if (lse[x] != -INFINITY) grads.dsinks[std::size_t(h)] -= std::exp((*sinks)[std::size_t(h)] - lse[x]) * delta[x];
         }

@@ -166,6 +166,35 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   sink("a sink that outweighs every row's keys", problem(1, 100, 300, 4, 4, d0), InputKind::dominant_sink);
   sink("with a window of 32, q_len > kv_len: late rows see only the sink", problem(1, 300, 100, 2, 1, d0),
        InputKind::uniform, 32);
+  // Packed variable lengths (FlashAttention's varlen: cu_seqlens_q and cu_seqlens_k), run only by the steps that take
+  // them: lengths 1 and a tile of 128 keys' worth minus one, exactly and plus one; one long sequence among short
+  // ones; a sequence of no rows, one of no keys (its rows: O = 0, LSE = -inf) and more keys than rows; and packs
+  // with a window, a cap and sinks. q_len and kv_len are the longest sequence's, as FlashAttention's max_seqlen.
+  auto pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
+                  const std::vector<int>& k_lens) {
+    p.batch = int(q_lens.size());
+    p.cu_seqlens_q = {0}, p.cu_seqlens_k = {0};
+    for (std::size_t b = 0; b < q_lens.size(); ++b) {
+      p.cu_seqlens_q.push_back(p.cu_seqlens_q.back() + q_lens[b]);
+      p.cu_seqlens_k.push_back(p.cu_seqlens_k.back() + k_lens[b]);
+    }
+    p.q_len = std::max(1, *std::max_element(q_lens.begin(), q_lens.end()));
+    p.kv_len = std::max(1, *std::max_element(k_lens.begin(), k_lens.end()));
+    add(out, "varlen: " + name, p, InputKind::uniform, dtypes, true, max_len);
+  };
+  pack("lengths 1, 127, 128, 129, 300, GQA 8/2", problem(1, 1, 1, 8, 2, d0), {1, 127, 128, 129, 300},
+       {1, 127, 128, 129, 300});
+  pack("one long sequence among short ones, MQA 8/1", problem(1, 1, 1, 8, 1, d0), {5, 1, 3000, 2, 17},
+       {5, 1, 3000, 2, 17});
+  pack("no rows, no keys, more keys than rows", problem(1, 1, 1, 4, 2, d0), {100, 0, 37, 64}, {257, 5, 0, 64});
+  {
+    AttentionProblem windowed = problem(1, 1, 1, 4, 2, d0);
+    windowed.window_left = 64;
+    pack("with a window (64, 0)", windowed, {300, 1, 200}, {300, 1, 200});
+    AttentionProblem capped = problem(1, 1, 1, 4, 2, d0);
+    capped.softcap = 30.f, capped.sinks = true;
+    pack("with a cap of 30 and sinks", capped, {129, 77, 1}, {129, 77, 1});
+  }
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
@@ -263,6 +292,9 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
   prep.inputs = random_inputs(p, seed, q_range);
   AttentionInputs& in = prep.inputs;
   const int d = p.head_dim, g = p.group_size();
+  if (p.varlen() && !(c.kind == InputKind::uniform || c.kind == InputKind::wide_10 || c.kind == InputKind::wide_30))
+    throw std::logic_error("prepare: " + c.describe() + ": a packed case takes random inputs only (the other kinds "
+                           "are written for [batch, seq, heads, d] tensors)");
 
   if (c.kind == InputKind::offset_1000 || c.kind == InputKind::offset_minus_1000) {
     // The last dimension adds q * k = +-1024 * 8 = +-8192 to every score of every row (times the scale):

@@ -133,6 +133,44 @@ TEST_CASE("the decode cases: every count of new tokens, empty sequences, short p
   }
 }
 
+TEST_CASE("the packed cases: lengths around a tile, a long one among short, no rows, no keys, the features",
+          "[cpu][harness]") {
+  const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64}, 0, Pass::backward);
+  std::set<int> lengths;
+  bool no_rows = false, no_keys = false, more_keys = false, window = false, cap_and_sinks = false, causal = false;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (!p.varlen()) continue;
+    INFO(c.describe());
+    CHECK_NOTHROW(validate(p));
+    for (int b = 0; b < p.batch; ++b) {
+      lengths.insert(p.q_len_of(b));
+      no_rows |= p.q_len_of(b) == 0;
+      no_keys |= p.kv_len_of(b) == 0 && p.q_len_of(b) > 0;
+      more_keys |= p.kv_len_of(b) > p.q_len_of(b) && p.q_len_of(b) > 0;
+    }
+    window |= p.windowed();
+    cap_and_sinks |= p.softcap > 0 && p.sinks;
+    causal |= p.causal;
+    if (p.total_q() > 1000) continue;
+    // The float64 answers the GPU is judged against: packed shapes, and a row with no key has O = 0, LSE = -inf.
+    const test::Prepared prep = test::prepare(c, 23, Pass::backward);
+    CHECK(std::int64_t(prep.expected.size()) == p.q_elements());
+    CHECK(std::int64_t(prep.expected_lse.size()) == p.lse_elements());
+    CHECK(std::int64_t(prep.expected_dk.size()) == p.kv_elements());
+    for (int b = 0; b < p.batch; ++b)
+      if (p.kv_len_of(b) == 0)
+        for (int i = 0; i < p.q_len_of(b); ++i) CHECK(prep.expected_lse[std::size_t(p.lse_index(b, i, 0))] == -INFINITY);
+  }
+  for (int len : {1, 127, 128, 129, 3000}) CHECK(lengths.count(len) == 1);
+  CHECK(no_rows);
+  CHECK(no_keys);
+  CHECK(more_keys);
+  CHECK(window);
+  CHECK(cap_and_sinks);
+  CHECK(causal);
+}
+
 TEST_CASE("only the backward's -1000 case has a row that reaches past kv_len with an LSE below -11", "[cpu][harness]") {
   // Below about -11, a key past kv_len left unmasked gets P = exp(0 - LSE) and dS = -P D beyond f16's 65504: the
   // overflow that makes that mistake visible (tests/harness.cpp). Only rows the causal mask lets reach past kv_len

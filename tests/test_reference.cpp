@@ -711,3 +711,112 @@ TEST_CASE("features: the problem names a bad window or cap, and the reference it
   a.window_left = 1;
   CHECK_NOTHROW(validate(a));
 }
+
+namespace {
+/// Rows first .. first + count - 1 of a packed [total, heads, d] tensor, as a one-sequence tensor.
+std::vector<double> packed_rows(const std::vector<double>& t, std::int64_t first, int count, int heads, int d) {
+  const std::int64_t row = std::int64_t(heads) * d;
+  return std::vector<double>(t.begin() + first * row, t.begin() + (first + count) * row);
+}
+}  // namespace
+
+TEST_CASE("varlen: each packed sequence is itself alone, forward, LSE and backward, with the features",
+          "[cpu][features]") {
+  // Lengths 0 and 1, a long one among short ones, more keys than rows and fewer, GQA; the features each on.
+  struct Case {
+    bool causal;
+    int left, right;
+    float softcap;
+    bool sinks;
+  };
+  for (const Case c : {Case{false, -1, -1, 0.f, false}, Case{true, -1, -1, 0.f, false}, Case{true, 3, 0, 0.f, true},
+                       Case{false, 2, 1, 5.f, false}, Case{true, -1, -1, 2.f, true}}) {
+    INFO("causal " << c.causal << " window (" << c.left << ", " << c.right << ") softcap " << c.softcap << " sinks "
+                   << c.sinks);
+    auto p = make(5, 9, 11, 4, 2, 8, c.causal);
+    p.cu_seqlens_q = {0, 3, 3, 4, 13, 20};  // lengths 3, 0, 1, 9, 7
+    p.cu_seqlens_k = {0, 5, 7, 8, 19, 19};  // lengths 5, 2, 1, 11, 0
+    p.window_left = c.left, p.window_right = c.right, p.softcap = c.softcap, p.sinks = c.sinks;
+    REQUIRE(p.total_q() == 20);
+    REQUIRE(p.total_k() == 19);
+    REQUIRE(p.q_elements() == 20 * 4 * 8);
+    REQUIRE(p.lse_elements() == 20 * 4);
+    const auto q = random_doubles(p.q_elements(), 21), k = random_doubles(p.kv_elements(), 22),
+               v = random_doubles(p.kv_elements(), 23), d_o = random_doubles(p.q_elements(), 24);
+    const std::vector<double> sink_values = {0.5, -1.0, 2.0, 0.0};
+    const auto* sinks = c.sinks ? &sink_values : nullptr;
+    std::vector<double> lse;
+    const auto out = reference_attention(p, q, k, v, nullptr, &lse, sinks);
+    const auto lse_alone = reference_lse(p, q, k, sinks);
+    CHECK(lse_alone == lse);
+    const auto grads = reference_attention_backward(p, q, k, v, d_o, sinks);
+    std::vector<double> dsinks(4, 0.0);
+    for (int b = 0; b < p.batch; ++b) {
+      const int rows = p.q_len_of(b), keys = p.kv_len_of(b);
+      INFO("sequence " << b << ": " << rows << " rows, " << keys << " keys");
+      if (rows == 0) continue;
+      auto one = p;
+      one.cu_seqlens_q.clear(), one.cu_seqlens_k.clear();
+      one.batch = 1, one.q_len = rows, one.kv_len = std::max(keys, 1);
+      // A sequence without keys: one key of the one-sequence problem, none seen (a window past it); compared on O.
+      const auto qb = packed_rows(q, p.q_row(b, 0), rows, p.q_heads, p.head_dim);
+      const auto dob = packed_rows(d_o, p.q_row(b, 0), rows, p.q_heads, p.head_dim);
+      if (keys == 0) {
+        const auto ob = packed_rows(out, p.q_row(b, 0), rows, p.q_heads, p.head_dim);
+        CHECK(std::all_of(ob.begin(), ob.end(), [](double x) { return x == 0; }));
+        for (int h = 0; h < p.q_heads; ++h)
+          for (int i = 0; i < rows; ++i)
+            CHECK(lse[std::size_t(p.lse_index(b, i, h))] == (c.sinks ? sink_values[std::size_t(h)] : -INFINITY));
+        continue;
+      }
+      const auto kb = packed_rows(k, p.kv_row(b, 0), keys, p.kv_heads, p.head_dim);
+      const auto vb = packed_rows(v, p.kv_row(b, 0), keys, p.kv_heads, p.head_dim);
+      std::vector<double> one_lse;
+      CHECK(packed_rows(out, p.q_row(b, 0), rows, p.q_heads, p.head_dim) ==
+            reference_attention(one, qb, kb, vb, nullptr, &one_lse, sinks));
+      for (int h = 0; h < p.q_heads; ++h)
+        for (int i = 0; i < rows; ++i) CHECK(lse[std::size_t(p.lse_index(b, i, h))] == one_lse[std::size_t(h * rows + i)]);
+      const auto g = reference_attention_backward(one, qb, kb, vb, dob, sinks);
+      CHECK(packed_rows(grads.dq, p.q_row(b, 0), rows, p.q_heads, p.head_dim) == g.dq);
+      CHECK(packed_rows(grads.dk, p.kv_row(b, 0), keys, p.kv_heads, p.head_dim) == g.dk);
+      CHECK(packed_rows(grads.dv, p.kv_row(b, 0), keys, p.kv_heads, p.head_dim) == g.dv);
+      for (std::size_t h = 0; h < g.dsinks.size(); ++h) dsinks[h] += g.dsinks[h];
+    }
+    if (c.sinks)
+      for (std::size_t h = 0; h < 4; ++h) CHECK(grads.dsinks[h] == Approx(dsinks[h]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("varlen: the problem names bad offsets and what it takes instead", "[cpu][features]") {
+  auto p = make(2, 4, 5, 2, 1, 8, true);
+  p.cu_seqlens_q = {0, 4, 6};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_q is given without cu_seqlens_k"));
+  p.cu_seqlens_k = {0, 5};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_k has 2 entries") && Contains("batch + 1 = 3"));
+  p.cu_seqlens_k = {1, 5, 8};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_k[0] = 1 must be 0"));
+  p.cu_seqlens_k = {0, 5, 4};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_k[2] - cu_seqlens_k[1] = -1") && Contains("0 .. kv_len = 5"));
+  p.cu_seqlens_k = {0, 5, 8};
+  p.cu_seqlens_q = {0, 5, 6};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_q[1] - cu_seqlens_q[0] = 5") && Contains("max_seqlen"));
+  p.cu_seqlens_q = {0, 0, 0};
+  CHECK_THROWS_WITH(validate(p), Contains("cu_seqlens_q[batch] = 0: the pack holds no query rows"));
+  p.cu_seqlens_q = {0, 4, 6};
+  CHECK_NOTHROW(validate(p));
+  CHECK_THAT(p.describe(), Contains("varlen=2..4 (6 rows, 8 keys)"));
+  CHECK(p.sequence_of_q_row(3) == 0);
+  CHECK(p.sequence_of_q_row(4) == 1);
+  CHECK(p.sequence_of_kv_row(7) == 1);
+  CHECK(p.flops() == Approx(4.0 * 2 * (4 * 5 + 2 * 3) * 8 / 2));
+  p.kv_lens = {5, 3};
+  CHECK_THROWS_WITH(validate(p), Contains("kv_lens with cu_seqlens"));
+  p.kv_lens.clear();
+  p.page_size = 1, p.pages = 8;
+  CHECK_THROWS_WITH(validate(p), Contains("page_size = 1 with cu_seqlens"));
+  p.page_size = 0, p.pages = 0;
+  // A step that does not take packed lengths refuses them by name.
+  CHECK_THROWS_WITH(refuse_features("step 25", p, Features{}),
+                    Contains("step 25: cu_seqlens = 2 packed sequences") && Contains("is not supported"));
+  CHECK_NOTHROW(refuse_features("step 25", p, Features{.varlen = true}));
+}

@@ -188,18 +188,27 @@ TEST_CASE("problems with a KV cache's forms are checked, and refused by the step
         CHECK_THROWS_WITH(step->launch(bottom_right, null_tensors, nullptr),
                           Contains("causal_align = bottom-right is not supported"));
       }
-      // The models' features (issue 58): a window, a soft-cap, sinks; refused by the launcher before the GPU.
-      for (int feature = 0; feature < 3; ++feature) {
+      // The models' features (issue 58): a window, a soft-cap, sinks, packed variable lengths; refused by the
+      // launcher before the GPU.
+      for (int feature = 0; feature < 4; ++feature) {
         auto f = good;
         if (feature == 0) f.window_left = 4;
         if (feature == 1) f.softcap = 30.f;
         if (feature == 2) f.sinks = true;
-        const bool takes =
-            feature == 0 ? step->features.window : feature == 1 ? step->features.softcap : step->features.sinks;
+        if (feature == 3)
+          for (int b = 0; b <= f.batch; ++b)
+            f.cu_seqlens_q.push_back(b * f.q_len), f.cu_seqlens_k.push_back(b * f.kv_len);
+        const bool takes = feature == 0   ? step->features.window
+                           : feature == 1 ? step->features.softcap
+                           : feature == 2 ? step->features.sinks
+                                          : step->features.varlen;
         CHECK(takes_features(f, step->features) == takes);
         if (takes) continue;
         CHECK_FALSE(step->supports(f));
-        const char* said = feature == 0 ? "window = (4, " : feature == 1 ? "softcap = 30" : "sinks = on";
+        const char* said = feature == 0   ? "window = (4, "
+                           : feature == 1 ? "softcap = 30"
+                           : feature == 2 ? "sinks = on"
+                                          : "cu_seqlens = ";
         CHECK_THROWS_WITH(step->launch(f, null_tensors, nullptr), Contains(said) && Contains("is not supported"));
       }
       if (step->pass == Pass::backward && step->features.sinks) {

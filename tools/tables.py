@@ -205,7 +205,7 @@ def rounds(rows, steps, head_dim=None) -> str:
     """TFLOPS per configuration of the forward, the median over the rounds of bench/hopper_rounds.sh (rows
     whose suite is round1, round2, ...), for the listed steps and every peer; then the fastest listed step
     against cuDNN, FlashAttention-3 (and FlashAttention-4 where timed), each ratio from the two medians."""
-    picked = [r for r in rows if r["suite"].startswith("round") and r.get("pass", "forward") == "forward"
+    picked = [r for r in rows if re.fullmatch(r"round\d+", r["suite"]) and r.get("pass", "forward") == "forward"
               and (head_dim is None or r["head_dim"] == head_dim)]
     peers = library_peers(picked)
     versus = [p for p in peers if p != "sdpa-flash"]
@@ -236,6 +236,47 @@ def rounds(rows, steps, head_dim=None) -> str:
                      + " | ".join(_fmt(c) for c in cells) + f" | {best_step} | "
                      + " | ".join(ratio(p) for p in versus) + " |")
     lines.append(f"\nTFLOPS, medians of {n_rounds} alternating rounds (steps, then peers, per shape).")
+    return "\n".join(lines)
+
+
+def features(rows, steps=()) -> str:
+    """The model features' table (issue 58's bars), from bench/hopper_rounds.sh's rounds with FA_ROUND_FEATURES:
+    per configuration and feature (the suite's suffix after round<k>: -window<L>_<R>, -softcap<C>, -sinks), the
+    median ms over the rounds of each listed step (default every course step in the rows) with the feature, of the
+    same step without it (suite round<k>), and of FlashAttention-4 with it; then with / without (> 1: the feature
+    made it faster) and FA4 / step (> 1: the step is faster)."""
+    picked = [r for r in rows if re.fullmatch(r"round\d+(-.+)?", r["suite"]) and r.get("pass", "forward") == "forward"]
+
+    def feature(r):
+        return r["suite"].split("-", 1)[1] if "-" in r["suite"] else ""
+
+    def config(r):
+        return (r["head_dim"], r["batch"], r["q_len"], r["q_heads"], r["dtype"], r["causal"])
+
+    def name(r):
+        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
+
+    samples: dict = {}
+    for r in picked:
+        samples.setdefault((config(r), feature(r), name(r)), []).append(r["ms"])
+    med = {k: _median(v) for k, v in samples.items()}
+    names = list(steps) or sorted({k[2] for k in med if not plots.is_peer({"step": k[2]})}, key=plots.order_key)
+    lines = ["| feature | d | B, N, H | dtype | causal | step | ms | without | with / without | FA4 ms | FA4 / step |",
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for cfg, feat in sorted({(k[0], k[1]) for k in med if k[1]}, key=lambda c: (c[1], -c[0][0], c[0][1:])):
+        d, b, n, h, dtype, causal = cfg
+        fa4 = med.get((cfg, feat, "fa4"))
+        for name in names:
+            ms = med.get((cfg, feat, name))
+            if ms is None:
+                continue
+            without = med.get((cfg, "", name))
+            lines.append(f"| {feat} | {d} | {b}, {n}, {h} | {dtype} | {'yes' if causal else 'no'} | {name} | "
+                         f"{_fmt(ms, 4)} | {_fmt(without, 4) if without else '–'} | "
+                         f"{_fmt(without / ms) if without else '–'} | {_fmt(fa4, 4) if fa4 else '–'} | "
+                         f"{_fmt(fa4 / ms) if fa4 else '–'} |")
+    n_rounds = len({r["suite"].split("-", 1)[0] for r in picked})
+    lines.append(f"\nms, medians of {n_rounds} alternating rounds (steps, then peers, per shape and feature).")
     return "\n".join(lines)
 
 
@@ -594,7 +635,7 @@ def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages", "roofline", "parts"])
+                                          "pages", "roofline", "features", "parts"])
     parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
                         "CUDA-core steps' chain)")
     parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
@@ -638,6 +679,9 @@ def main(argv=None) -> int:
         return 0
     if args.table == "roofline":
         print(roofline(plots.load(paths), steps))
+        return 0
+    if args.table == "features":
+        print(features(plots.load(paths), steps))
         return 0
     rows = load(paths)
     if args.table == "times":

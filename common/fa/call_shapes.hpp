@@ -31,8 +31,17 @@ std::string shape_text(const std::vector<std::int64_t>& shape);
 AttentionProblem problem_from(const TensorShape& q, const TensorShape& k, const TensorShape& v,
                               const std::string& dtype_hint = "");
 
+/// The problem of a pack (FlashAttention's varlen): Q [total_q, Hq, d] and K, V [total_k, Hkv, d], sequence b's rows
+/// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (and its keys likewise), host copies of the offsets; batch the count,
+/// q_len and kv_len the longest. problem_from's checks on the pack as one sequence, and each offsets' last entry the
+/// tensor's rows; validate() checks the rest (from 0, never decreasing). Throws std::invalid_argument naming what
+/// does not fit.
+AttentionProblem problem_from_packed(const TensorShape& q, const TensorShape& k, const TensorShape& v,
+                                     const std::vector<int>& cu_seqlens_q, const std::vector<int>& cu_seqlens_k,
+                                     const std::string& dtype_hint = "");
+
 /// Refuses a backward call's O, LSE and dO that do not fit p: O and dO of Q's shape and p's dtype, LSE float32
-/// [B, Hq, Nq]. Throws std::invalid_argument naming the tensor.
+/// [B, Hq, Nq] ([Hq, total_q] for a pack). Throws std::invalid_argument naming the tensor.
 void check_backward_shapes(const AttentionProblem& p, const TensorShape& o, const TensorShape& lse,
                            const TensorShape& d_o);
 

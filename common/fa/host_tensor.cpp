@@ -56,14 +56,19 @@ HostTensor converted(const HostTensor& tensor, DType dtype) {
 }
 
 std::vector<std::int64_t> q_shape(const AttentionProblem& p) {
+  if (p.varlen()) return {p.total_q(), p.q_heads, p.head_dim};
   return {p.batch, p.q_len, p.q_heads, p.head_dim};
 }
 
 std::vector<std::int64_t> kv_shape(const AttentionProblem& p) {
+  if (p.varlen()) return {p.total_k(), p.kv_heads, p.head_dim};
   return {p.batch, p.kv_len, p.kv_heads, p.head_dim};
 }
 
-std::vector<std::int64_t> lse_shape(const AttentionProblem& p) { return {p.batch, p.q_heads, p.q_len}; }
+std::vector<std::int64_t> lse_shape(const AttentionProblem& p) {
+  if (p.varlen()) return {p.q_heads, p.total_q()};
+  return {p.batch, p.q_heads, p.q_len};
+}
 
 namespace {
 /// splitmix64: tiny, fast, and identical everywhere (std distributions are not).

@@ -35,11 +35,11 @@ struct HostTensor {
 /// The same values in another dtype, each rounded to nearest (exact when widening).
 HostTensor converted(const HostTensor& tensor, DType dtype);
 
-/// [batch, q_len, q_heads, head_dim] (also the shape of O).
+/// [batch, q_len, q_heads, head_dim] (also the shape of O), or packed [total_q, q_heads, head_dim] (varlen).
 std::vector<std::int64_t> q_shape(const AttentionProblem& p);
-/// [batch, kv_len, kv_heads, head_dim].
+/// [batch, kv_len, kv_heads, head_dim], or packed [total_k, kv_heads, head_dim] (varlen).
 std::vector<std::int64_t> kv_shape(const AttentionProblem& p);
-/// [batch, q_heads, q_len]: the row log-sum-exp, always f32.
+/// [batch, q_heads, q_len]: the row log-sum-exp, always f32; [q_heads, total_q] with varlen.
 std::vector<std::int64_t> lse_shape(const AttentionProblem& p);
 
 /// Uniform values in [lo, hi) from a seeded generator (splitmix64, the same

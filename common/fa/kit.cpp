@@ -173,6 +173,10 @@ void check_cache_tensors(const char* step, const AttentionProblem& p, const Atte
   if (p.sinks && !t.sinks)
     throw InvalidProblem(std::string(step) + ": tensor sinks is missing (a null pointer); sinks need their logits, " +
                          "float32 [q_heads]");
+  if (p.varlen() && (!t.cu_seqlens_q || !t.cu_seqlens_k))
+    throw InvalidProblem(std::string(step) + ": tensor " + (t.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
+                         " is missing (a null pointer); packed variable lengths need the device copies of both "
+                         "offsets, int32 [batch + 1]");
   if (pass == Pass::backward && p.sinks && !t.dsinks)
     throw InvalidProblem(std::string(step) + ": tensor dsinks is missing (a null pointer); the backward with sinks " +
                          "writes their gradient there, float32 [q_heads]");

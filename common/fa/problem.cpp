@@ -13,15 +13,26 @@ float AttentionProblem::softmax_scale() const {
   return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
-std::int64_t AttentionProblem::q_elements() const {
-  return std::int64_t{batch} * q_len * q_heads * head_dim;
+std::int64_t AttentionProblem::q_elements() const { return total_q() * q_heads * head_dim; }
+
+std::int64_t AttentionProblem::kv_elements() const { return total_k() * kv_heads * head_dim; }
+
+std::int64_t AttentionProblem::lse_elements() const { return total_q() * q_heads; }
+
+std::int64_t AttentionProblem::total_k() const {
+  return varlen() ? cu_seqlens_k.back() : std::int64_t(batch) * kv_len;
 }
 
-std::int64_t AttentionProblem::kv_elements() const {
-  return std::int64_t{batch} * kv_len * kv_heads * head_dim;
+int AttentionProblem::sequence_of_q_row(std::int64_t row) const {
+  if (!varlen()) return int(row / q_len);
+  // The last b with cu_seqlens_q[b] <= row: empty sequences share their offset with the next, which holds the row.
+  return int(std::upper_bound(cu_seqlens_q.begin(), cu_seqlens_q.end() - 1, row) - cu_seqlens_q.begin()) - 1;
 }
 
-std::int64_t AttentionProblem::lse_elements() const { return std::int64_t{batch} * q_heads * q_len; }
+int AttentionProblem::sequence_of_kv_row(std::int64_t row) const {
+  if (!varlen()) return int(row / kv_len);
+  return int(std::upper_bound(cu_seqlens_k.begin(), cu_seqlens_k.end() - 1, row) - cu_seqlens_k.begin()) - 1;
+}
 
 const char* to_string(Pass pass) { return pass == Pass::backward ? "backward" : "forward"; }
 
@@ -30,7 +41,7 @@ const char* to_string(CausalAlign align) { return align == CausalAlign::bottom_r
 int AttentionProblem::keys_seen(int b, int i) const { return keys_range(b, i).last; }
 
 KeyRange AttentionProblem::keys_range(int b, int i) const {
-  return keys_range_in(kv_len_of(b), q_len, i, causal, causal_align == CausalAlign::bottom_right, window_left,
+  return keys_range_in(kv_len_of(b), q_len_of(b), i, causal, causal_align == CausalAlign::bottom_right, window_left,
                        window_right);
 }
 
@@ -44,12 +55,12 @@ double AttentionProblem::flops() const {
   if (windowed()) {  // a window: the (row, key) pairs it leaves, counted, as FlashAttention's benchmarks do
     double pairs = 0;
     for (int b = 0; b < batch; ++b)
-      for (int i = 0; i < q_len; ++i) pairs += keys_range(b, i).count();
+      for (int i = 0; i < q_len_of(b); ++i) pairs += keys_range(b, i).count();
     return 4.0 * q_heads * pairs * head_dim;
   }
-  double keys = 0;  // keys over the batch: batch * kv_len, or the sum of the sequences' lengths
-  for (int b = 0; b < batch; ++b) keys += kv_len_of(b);
-  const double full = 4.0 * q_heads * double(q_len) * keys * head_dim;
+  double pairs = 0;  // rows x keys over the batch: batch * q_len * kv_len, or the sum over the sequences
+  for (int b = 0; b < batch; ++b) pairs += double(q_len_of(b)) * kv_len_of(b);
+  const double full = 4.0 * q_heads * pairs * head_dim;
   return causal ? full / 2 : full;
 }
 
@@ -70,6 +81,12 @@ std::string AttentionProblem::describe() const {
     out += std::string(" softcap=") + text;
   }
   if (sinks) out += " sinks";
+  if (varlen()) {
+    int shortest = q_len_of(0), longest = shortest;
+    for (int b = 1; b < batch; ++b) shortest = std::min(shortest, q_len_of(b)), longest = std::max(longest, q_len_of(b));
+    out += " varlen=" + to_string(shortest) + ".." + to_string(longest) + " (" + to_string(total_q()) + " rows";
+    out += total_k() == total_q() ? ")" : ", " + to_string(total_k()) + " keys)";
+  }
   if (!kv_lens.empty()) {
     const auto [shortest, longest] = std::minmax_element(kv_lens.begin(), kv_lens.end());
     out += " kv_lens=" + to_string(*shortest) + ".." + to_string(*longest);
@@ -89,6 +106,47 @@ void require_positive(const char* field, int value) {
   if (value < 1)
     throw InvalidProblem(std::string("attention problem: ") + field + " = " +
                          std::to_string(value) + " must be >= 1");
+}
+
+/// The packed lengths' offsets: both given, batch + 1 each, from 0, never decreasing, no sequence longer than
+/// q_len (kv_len), and neither with kv_lens nor a paged cache.
+void validate_cu_seqlens(const AttentionProblem& p) {
+  const auto check = [&](const char* name, const std::vector<int>& offsets, int longest, const char* limit) {
+    if (offsets.size() != std::size_t(p.batch) + 1)
+      throw InvalidProblem(std::string("attention problem: ") + name + " has " + std::to_string(offsets.size()) +
+                           " entries; batch = " + std::to_string(p.batch) + " needs batch + 1 = " +
+                           std::to_string(p.batch + 1) + " offsets (0, then where each sequence ends)");
+    if (offsets[0] != 0)
+      throw InvalidProblem(std::string("attention problem: ") + name + "[0] = " + std::to_string(offsets[0]) +
+                           " must be 0 (the first sequence starts at the packed tensor's first row)");
+    for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
+      const std::int64_t len = std::int64_t(offsets[b + 1]) - offsets[b];
+      if (len < 0 || len > longest)
+        throw InvalidProblem(std::string("attention problem: ") + name + "[" + std::to_string(b + 1) + "] - " +
+                             name + "[" + std::to_string(b) + "] = " + std::to_string(len) +
+                             ": sequence " + std::to_string(b) + "'s length must be 0 .. " + limit + " = " +
+                             std::to_string(longest) + " (offsets never decrease; " + limit +
+                             " is the longest sequence's length, FlashAttention's max_seqlen)");
+    }
+  };
+  if (p.cu_seqlens_q.empty() || p.cu_seqlens_k.empty())
+    throw InvalidProblem(std::string("attention problem: cu_seqlens_") + (p.cu_seqlens_q.empty() ? "k" : "q") +
+                         " is given without cu_seqlens_" + (p.cu_seqlens_q.empty() ? "q" : "k") +
+                         ": packed variable lengths need both offsets (equal for self-attention)");
+  check("cu_seqlens_q", p.cu_seqlens_q, p.q_len, "q_len");
+  check("cu_seqlens_k", p.cu_seqlens_k, p.kv_len, "kv_len");
+  for (const auto& [name, offsets] : {std::pair<const char*, const std::vector<int>*>{"cu_seqlens_q", &p.cu_seqlens_q},
+                                      {"cu_seqlens_k", &p.cu_seqlens_k}})
+    if (offsets->back() == 0)
+      throw InvalidProblem(std::string("attention problem: ") + name + "[batch] = 0: the pack holds no " +
+                           (name[11] == 'q' ? "query rows" : "keys") + " (Q and K each need at least one row; a "
+                           "sequence of its own may be empty)");
+  if (!p.kv_lens.empty())
+    throw InvalidProblem("attention problem: kv_lens with cu_seqlens: packed sequences have their lengths in "
+                         "cu_seqlens_k already; give one or the other");
+  if (p.page_size != 0)
+    throw InvalidProblem("attention problem: page_size = " + std::to_string(p.page_size) +
+                         " with cu_seqlens: packed sequences are contiguous rows of K and V (page_size = 0)");
 }
 }  // namespace
 
@@ -118,6 +176,7 @@ void validate(const AttentionProblem& p) {
     for (std::size_t b = 0; b < p.kv_lens.size(); ++b)
       if (p.kv_lens[b] < 0 || p.kv_lens[b] > p.kv_len) throw InvalidProblem(kv_len_fault(int(b), p.kv_lens[b], p.kv_len));
   }
+  if (p.varlen() || !p.cu_seqlens_k.empty()) validate_cu_seqlens(p);
   if (p.page_size < 0)
     throw InvalidProblem("attention problem: page_size = " + std::to_string(p.page_size) +
                          " must be >= 0 (0: contiguous K and V)");
@@ -209,7 +268,8 @@ void refuse_cache_forms(const char* step, const AttentionProblem& p, const Cache
 }
 
 bool takes_features(const AttentionProblem& p, const Features& takes) {
-  return (!p.windowed() || takes.window) && (p.softcap == 0.f || takes.softcap) && (!p.sinks || takes.sinks);
+  return (!p.windowed() || takes.window) && (p.softcap == 0.f || takes.softcap) && (!p.sinks || takes.sinks) &&
+         (!p.varlen() || takes.varlen);
 }
 
 void refuse_features(const char* step, const AttentionProblem& p, const Features& takes) {
@@ -221,6 +281,9 @@ void refuse_features(const char* step, const AttentionProblem& p, const Features
   if (p.softcap != 0.f && !takes.softcap)
     throw_unsupported(step, "softcap", std::to_string(p.softcap), "0, no soft-capping" + none);
   if (p.sinks && !takes.sinks) throw_unsupported(step, "sinks", "on", "off" + none);
+  if (p.varlen() && !takes.varlen)
+    throw_unsupported(step, "cu_seqlens", std::to_string(p.batch) + " packed sequences of their own lengths",
+                      "none: every sequence q_len rows and kv_len keys, [batch, seq, heads, head_dim]" + none);
 }
 
 void throw_unsupported(const char* step, const char* field, const std::string& value,

@@ -27,7 +27,12 @@
 /// - attention sinks (`sinks`, gpt-oss): a logit per query head (AttentionTensors::sinks, float [q_heads]) in
 ///   every row's softmax denominator and none of its values: LSE_i = ln(sum_j exp(s_ij) + exp(sink_h)),
 ///   P_ij = exp(s_ij - LSE_i). A row that sees no key then has O = 0 and LSE = sink_h. A backward step that takes
-///   them also writes their gradient, dLoss/dsink_h (AttentionTensors::dsinks, float [q_heads]).
+///   them also writes their gradient, dLoss/dsink_h (AttentionTensors::dsinks, float [q_heads]);
+/// - packed variable lengths (`cu_seqlens_q`, `cu_seqlens_k`, FlashAttention's varlen): the batch's sequences
+///   packed without padding, Q and O [total_q, q_heads, head_dim], K and V [total_k, kv_heads, head_dim], sequence
+///   b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (and its keys likewise); q_len and kv_len are then the
+///   longest sequence's (FlashAttention's max_seqlen_q, max_seqlen_k) and LSE is [q_heads, total_q], as
+///   FlashAttention's varlen softmax_lse.
 #pragma once
 
 #include "fa/dtype.hpp"
@@ -160,6 +165,12 @@ struct AttentionProblem {
   float softcap = 0.f;
   /// Attention sinks: a logit per query head (AttentionTensors::sinks) in every row's softmax denominator.
   bool sinks = false;
+  /// Packed variable lengths (FlashAttention's cu_seqlens): batch + 1 offsets each, from 0, never decreasing;
+  /// sequence b has cu_seqlens_q[b + 1] - cu_seqlens_q[b] query rows (at most q_len) and cu_seqlens_k[b + 1] -
+  /// cu_seqlens_k[b] keys (at most kv_len). Both empty: every sequence has q_len rows and kv_len keys. The host's
+  /// copies, which validation and the reference read; kernels read AttentionTensors::cu_seqlens_q and _k.
+  std::vector<int> cu_seqlens_q;
+  std::vector<int> cu_seqlens_k;  ///< the keys' offsets (see cu_seqlens_q)
 
   /// The scale actually applied to Q·Kᵀ.
   float softmax_scale() const;
@@ -173,9 +184,39 @@ struct AttentionProblem {
   /// Of one pass: flops() for the forward; 2.5 times that for the backward (five products of the
   /// forward's size where the forward has two: S and dP, dV, dK, dQ), as FlashAttention's benchmarks count.
   double flops(Pass pass) const { return pass == Pass::backward ? 2.5 * flops() : flops(); }
-  std::int64_t lse_elements() const;  ///< elements of LSE: batch * q_heads * q_len
-  /// Keys of sequence b: kv_lens[b], or kv_len when kv_lens is empty.
-  int kv_len_of(int b) const { return kv_lens.empty() ? kv_len : kv_lens[std::size_t(b)]; }
+  std::int64_t lse_elements() const;  ///< elements of LSE: batch * q_heads * q_len, or q_heads * total_q (varlen)
+  /// Whether the sequences are packed with their own lengths (cu_seqlens_q and cu_seqlens_k).
+  bool varlen() const { return !cu_seqlens_q.empty(); }
+  /// Query rows of sequence b: q_len, or its packed length.
+  int q_len_of(int b) const {
+    return varlen() ? cu_seqlens_q[std::size_t(b) + 1] - cu_seqlens_q[std::size_t(b)] : q_len;
+  }
+  /// Keys of sequence b: kv_lens[b], its packed length, or kv_len.
+  int kv_len_of(int b) const {
+    return varlen()            ? cu_seqlens_k[std::size_t(b) + 1] - cu_seqlens_k[std::size_t(b)]
+           : kv_lens.empty() ? kv_len
+                             : kv_lens[std::size_t(b)];
+  }
+  /// Rows of Q (and O) over the batch: batch * q_len, or cu_seqlens_q[batch].
+  std::int64_t total_q() const { return varlen() ? cu_seqlens_q.back() : std::int64_t(batch) * q_len; }
+  /// Rows of K (and V) over the batch: batch * kv_len, or cu_seqlens_k[batch] (varlen).
+  std::int64_t total_k() const;
+  /// The row of Q (O, dO, dQ) that holds query row i of sequence b: b * q_len + i, or cu_seqlens_q[b] + i.
+  std::int64_t q_row(int b, int i) const {
+    return (varlen() ? std::int64_t(cu_seqlens_q[std::size_t(b)]) : std::int64_t(b) * q_len) + i;
+  }
+  /// The row of K (V, dK, dV) that holds key j of sequence b: b * kv_len + j, or cu_seqlens_k[b] + j (contiguous).
+  std::int64_t kv_row(int b, int j) const {
+    return (varlen() ? std::int64_t(cu_seqlens_k[std::size_t(b)]) : std::int64_t(b) * kv_len) + j;
+  }
+  /// Where query row i of sequence b, head h, sits in LSE: [batch, q_heads, q_len], or [q_heads, total_q] (varlen).
+  std::int64_t lse_index(int b, int i, int h) const {
+    return varlen() ? std::int64_t(h) * total_q() + q_row(b, i) : (std::int64_t(b) * q_heads + h) * q_len + i;
+  }
+  /// The sequence that holds row `row` of Q (0 .. total_q - 1).
+  int sequence_of_q_row(std::int64_t row) const;
+  /// The sequence that holds row `row` of K (0 .. total_k - 1; contiguous K and V).
+  int sequence_of_kv_row(std::int64_t row) const;
   /// One past the last key query row i of sequence b sees, 0 .. kv_len_of(b) (the mask, the window's right side
   /// and the length); without a window's left side the row sees keys 0 .. keys_seen - 1.
   int keys_seen(int b, int i) const;
@@ -214,6 +255,7 @@ struct Features {
   bool window = false;   ///< a sliding window (window_left, window_right)
   bool softcap = false;  ///< logit soft-capping
   bool sinks = false;    ///< attention sinks
+  bool varlen = false;   ///< packed variable lengths (cu_seqlens_q, cu_seqlens_k)
 };
 
 /// Whether p uses only features that `takes` has.
@@ -260,6 +302,9 @@ struct AttentionTensors {
   const float* sinks = nullptr;     ///< float32 [q_heads]: each query head's sink logit, when AttentionProblem::sinks
   /// float32 [q_heads]: dLoss/dsink_h, written by a backward step when AttentionProblem::sinks (the sinks' gradient).
   float* dsinks = nullptr;
+  /// int32 [batch + 1] each: the device copies of AttentionProblem::cu_seqlens_q and cu_seqlens_k, when varlen.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;  ///< see cu_seqlens_q
   /// int32[4], 16-byte aligned, in memory the GPU writes (device memory, or mapped pinned host memory that the host
   /// reads without a sync): where a decode step records a value of kv_lens or page_table it refused (CacheFault).
   /// The values live on the GPU, so the kernel checks them: a length outside 0 .. kv_len reads as 0 keys, a page

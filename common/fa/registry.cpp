@@ -72,6 +72,7 @@ namespace step48 { Launcher launcher(); }
 namespace step49 { Launcher launcher(); }
 namespace step50 { Launcher launcher(); }
 namespace step51 { Launcher launcher(); }
+namespace step52 { Launcher launcher(); }
 namespace step53 { Launcher launcher(); }
 namespace step54 { Launcher launcher(); }
 namespace step55 { Launcher launcher(); }
@@ -243,6 +244,9 @@ const std::vector<StepInfo>& all_steps() {
       {"51", "", "attention_sinks",
        "attention sinks (gpt-oss): each head's sink logit joins every row's max and sum once, at the row's end; with step 50's window and cap",
        step51::launcher()},
+      {"52", "", "varlen",
+       "packed variable lengths (FlashAttention's varlen, cu_seqlens): the copies address each sequence in the pack, the scheduler finds a work tile's sequence by a binary search; with step 51's window, cap and sinks",
+       step52::launcher()},
       {"53", "", "window_backward",
        "a sliding window in step 41's backward: each K/V tile walks only the Q tiles whose rows see its keys, masked at the window's edges",
        step53::launcher()},
@@ -412,6 +416,7 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
       throw InvalidProblem(std::string(name) + " does not have the problem's dtype and shape (" + p.describe() +
                            (dtype == p.dtype ? ")"
                             : shape.size() == 1 ? "; the sinks are f32 [q_heads])"
+                            : p.varlen()        ? "; LSE is f32 [q_heads, total_q])"
                                                 : "; LSE is f32 [batch, q_heads, q_len])"));
   };
   check(inputs.q, "Q", q_shape(p), p.dtype);
@@ -433,6 +438,12 @@ DeviceAttention::DeviceAttention(const AttentionProblem& p, const AttentionInput
   if (!p.kv_lens.empty()) {
     kv_lens = DeviceBuffer(p.kv_lens.size() * sizeof(int));
     kv_lens.upload(p.kv_lens.data(), p.kv_lens.size() * sizeof(int));
+  }
+  if (p.varlen()) {
+    cu_seqlens_q = DeviceBuffer(p.cu_seqlens_q.size() * sizeof(int));
+    cu_seqlens_q.upload(p.cu_seqlens_q.data(), p.cu_seqlens_q.size() * sizeof(int));
+    cu_seqlens_k = DeviceBuffer(p.cu_seqlens_k.size() * sizeof(int));
+    cu_seqlens_k.upload(p.cu_seqlens_k.data(), p.cu_seqlens_k.size() * sizeof(int));
   }
   if (p.sinks) {
     check(inputs.sinks, "the sinks", {p.q_heads}, DType::f32);
@@ -470,6 +481,8 @@ AttentionTensors DeviceAttention::tensors() const {
   t.page_table = static_cast<const int*>(page_table.get());
   t.cache_status = cache_status.as<int>();
   t.sinks = static_cast<const float*>(sinks.get());
+  t.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.get());
+  t.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.get());
   if (backward_) t.d_o = d_o.get(), t.dq = dq.get(), t.dk = dk.get(), t.dv = dv.get();
   t.dsinks = dsinks.as<float>();
   return t;

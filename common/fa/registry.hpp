@@ -127,6 +127,8 @@ struct DeviceAttention {
   DeviceBuffer cache_status;  ///< int32[4], zero: where a decode step records a refused length or page entry
   DeviceBuffer sinks;      ///< the sinks' logits, f32 [q_heads] (with AttentionProblem::sinks)
   DeviceBuffer dsinks;     ///< their gradient, f32 [q_heads] (backward with sinks only), poisoned
+  DeviceBuffer cu_seqlens_q;  ///< packed lengths' offsets, int32 [batch + 1] (varlen)
+  DeviceBuffer cu_seqlens_k;  ///< the keys' offsets, int32 [batch + 1] (varlen)
   /// Uploads the inputs (and, for a backward call, `backward`'s O, LSE and dO), allocates the outputs
   /// poisoned with NaN and `workspace_bytes` of workspace. A paged problem's K and V are uploaded as its page
   /// pools (to_pages), each sequence's pages in a shuffled order (shuffled_page_table, kPageSeed), the pool's
@@ -139,7 +141,7 @@ struct DeviceAttention {
   AttentionTensors tensors() const;
   /// O and LSE as the forward left them.
   HostTensor download_o(const AttentionProblem& p) const;
-  HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len]
+  HostTensor download_lse(const AttentionProblem& p) const;  ///< LSE, f32 [batch, q_heads, q_len] ([q_heads, total_q])
   /// dQ, dK and dV as the backward left them, and dsinks with sinks.
   Gradients download_gradients(const AttentionProblem& p) const;
   /// The message of the value a decode step refused (cache_fault_message), "" when it refused none.

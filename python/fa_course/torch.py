@@ -28,14 +28,20 @@ def _workspace(step: str, q, k, v, **forms):
 
 
 def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-left", kv_lens=None,
-            page_table=None, window_size=(-1, -1), softcap=0.0, sinks=None):
+            page_table=None, window_size=(-1, -1), softcap=0.0, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """O and LSE (float32 [B, Hq, Nq]) of forward (or decode) step `step`: new tensors. window_size, softcap and
-    sinks (float32 [Hq]) are FlashAttention's models' features, for the steps that take them."""
+    sinks (float32 [Hq]) are FlashAttention's models' features, for the steps that take them; so is a pack
+    (FlashAttention's varlen): cu_seqlens_q and cu_seqlens_k, int32 [B + 1] on q's device, with q [total_q, Hq, d],
+    k and v [total_k, Hkv, d], and then LSE [Hq, total_q]."""
     out = _torch.empty_like(q)
-    lse = _torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=_torch.float32, device=q.device)
+    if cu_seqlens_q is not None:  # a pack: q is [total_q, Hq, d]
+        lse = _torch.empty(q.shape[1], q.shape[0], dtype=_torch.float32, device=q.device)
+    else:
+        lse = _torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=_torch.float32, device=q.device)
     left, right = (-1 if side is None else int(side) for side in window_size)
     forms = dict(causal=causal, scale=scale, causal_align=causal_align, kv_lens=kv_lens, page_table=page_table,
-                 window_left=left, window_right=right, softcap=float(softcap), sinks=sinks)
+                 window_left=left, window_right=right, softcap=float(softcap), sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k)
     _ext.forward(step, q, k, v, out, lse=lse, workspace=_workspace(step, q, k, v, **forms), stream=_stream(q),
                  **forms)
     return out, lse

@@ -109,6 +109,20 @@ with open(os.path.join(REPO, "bench", "fa_bench.cpp")) as f:
     bench_source = f.read()
 assert '"-window" + std::to_string(window_left) + "_" + std::to_string(window_right)' in bench_source
 assert '"-softcap" + args.get("softcap", "")' in bench_source and '"-sinks"' in bench_source
+# A pack (--varlen): its count and longest length replace B, Nq and Nkv; the suite ends as fa-bench's; the FLOPs are
+# each sequence's alone (causal: n^2 / 2 pairs, as AttentionProblem::flops), not the padded batch's.
+pack = sdpa_peers.parse_args(["--dry-run", "--backends", "fa4,cudnn", "--shape", "1,1,1,16,16,128", "--dtypes", "bf16",
+                              "--causal", "yes", "--varlen", "3,100,5"])
+pack_plan = sdpa_peers.plan(pack)
+assert {(m[0], m[1]) for m in pack_plan} == {("custom-varlen3_108", (3, 100, 100, 16, 16, 128))}, pack_plan
+assert sdpa_peers.flops((3, 100, 100, 16, 16, 128), True, "forward", pack.features) == \
+    4.0 * 16 * 128 * (9 + 10000 + 25) / 2
+assert "packed lengths" in sdpa_peers.refusal("cudnn", (3, 100, 100, 16, 16, 128), "bf16", True, features=pack.features)
+assert '"-varlen" + std::to_string(shape.batch) + "_" + std::to_string(cu_seqlens.back())' in bench_source
+import pack_lengths  # noqa: E402
+mixed = pack_lengths.pack_lengths(100, 131072, 4096)
+assert len(mixed) == 100 and sum(mixed) == 131072 and min(mixed) == 1 and max(mixed) == 4096, mixed
+assert mixed == pack_lengths.pack_lengths(100, 131072, 4096), "the same arguments give the same pack"
 # The Hopper tables: a rounds file's forward rows only, with an FA4 column and ratio where fa4 rows are present.
 import tables  # noqa: E402
 timed = []
@@ -125,4 +139,4 @@ assert "FA4" not in tables.rounds([r for r in timed if r["step"] != "fa4"], ["24
 assert "| / FA4 |" in tables.backward(timed, ["41"]).splitlines()[0] + "|"
 print("CSV columns: tools/plots.py, bench/sdpa_peers.py and bench/fa3_peer.py match fa-bench's header; "
       "the course run's shapes map to the teaching and headline suites; fa4 rows, refusals and table columns; the "
-      "features' window rule, FLOPs and suite names")
+      "features' window rule, FLOPs and suite names; a pack's shape, FLOPs and lengths")

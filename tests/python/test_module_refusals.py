@@ -132,6 +132,23 @@ assert refusal(fa_course.forward, "51", q, k, v, out, sinks=np.zeros(2, np.float
 assert refusal(fa_course.forward, "51", q, k, v, out, sinks=sinks.astype(np.float16)) == (
     "sinks: one float32 logit a query head, float32 [4]; got f16 [4]")
 assert refusal(fa_course.forward, "49", q, k, v, out, window_left=-2).startswith("attention problem: window")
+# A pack (FlashAttention's varlen): Q, K, V [total, H, d] with both offsets, int32 [B + 1] (read on the host here);
+# the offsets checked as fa-run checks them, and a step that takes no pack refuses it by name.
+pq, pk = np.zeros((20, 4, 64), f16), np.zeros((19, 2, 64), f16)
+cu_q, cu_k = np.array([0, 3, 20], np.int32), np.array([0, 5, 19], np.int32)
+assert listed["52"]["varlen"] and not listed["51"]["varlen"]
+assert refusal(fa_course.forward, "51", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).startswith(
+    "step 51: cu_seqlens = 2 packed sequences of their own lengths is not supported")
+assert refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=cu_q).startswith(
+    "a pack needs both cu_seqlens_q and cu_seqlens_k")
+assert refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=np.array([0, 3, 21], np.int32),
+               cu_seqlens_k=cu_k).startswith("cu_seqlens_q[B] = 21 must be the q's rows, 20")
+assert refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=np.array([0, 30, 20], np.int32),
+               cu_seqlens_k=cu_k).startswith("attention problem: cu_seqlens_q[2] - cu_seqlens_q[1] = -10")
+assert refusal(fa_course.forward, "52", q, k, v, out, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).startswith(
+    "q: Q of a pack must have 3 dimensions [total, H, d]")
+message = refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+assert message.startswith("q: the tensor is not in CUDA device memory"), message  # every check but the memory passed
 
 # Where the tensors live: host memory is refused by name, before anything runs.
 message = refusal(fa_course.forward, "11", q, k, v, out)

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The model features' rounds (bench/hopper_rounds.sh with FA_ROUND_FEATURES): merged into one CSV with each row's
+feature kept in its suite (round<k>-window<L>_<R>, -softcap<C>, -sinks), the features' table (tools/tables.py
+features) against the same step without the feature and FlashAttention-4 with it, and the rounds table left to the
+rows without a feature. Plain asserts, no pytest, no torch.
+"""
+import csv
+import os
+import sys
+import tempfile
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import merge_rounds  # noqa: E402
+import plots  # noqa: E402
+import sdpa_peers  # noqa: E402
+import tables  # noqa: E402
+
+shape = (1, 16384, 16384, 16, 16, 128)
+
+
+def row(step, ms, suite):
+    return sdpa_peers.peer_row(step, "bf16", shape, True, suite, "GPU", ms, ms, ms, 30, 0, 1e-3, 1e-3, "forward")
+
+
+# (side, round, feature tag) -> [(step, ms, suite as fa-bench or sdpa_peers.py writes it)]
+timings = {
+    ("ours", 1, "none"): [("49", 1.80, "custom"), ("51", 1.81, "custom")],
+    ("ours", 2, "none"): [("49", 1.78, "custom"), ("51", 1.79, "custom")],
+    ("ours", 1, "window"): [("49", 0.270, "custom-window1024_0")],
+    ("ours", 2, "window"): [("49", 0.274, "custom-window1024_0")],
+    ("ours", 1, "sinks"): [("51", 1.80, "custom-sinks")],
+    ("ours", 2, "sinks"): [("51", 1.82, "custom-sinks")],
+    ("peers", 1, "none"): [("fa4", 1.50, "custom")],
+    ("peers", 2, "none"): [("fa4", 1.50, "custom")],
+    ("peers", 1, "window"): [("fa4", 0.250, "custom-window1024_0")],
+    ("peers", 2, "window"): [("fa4", 0.252, "custom-window1024_0")],
+    ("peers", 1, "sinks"): [("fa4", 1.47, "custom-sinks")],
+    ("peers", 2, "sinks"): [("fa4", 1.47, "custom-sinks")],
+}
+with tempfile.TemporaryDirectory() as folder:
+    work = os.path.join(folder, "rounds")
+    os.makedirs(work)
+    for (side, round_, tag), rows in timings.items():
+        with open(os.path.join(work, f"{side}-{round_}-1x16384_{tag}.csv"), "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(plots.COLUMNS)
+            writer.writerows(row(*r) for r in rows)
+    out = os.path.join(folder, "rounds.csv")
+    assert merge_rounds.merge(work, out) == 14
+    with open(out, newline="") as f:
+        suites = sorted({r["suite"] for r in csv.DictReader(f)})
+    assert suites == ["round1", "round1-sinks", "round1-window1024_0", "round2", "round2-sinks",
+                      "round2-window1024_0"], suites
+    rows = plots.load([out])
+    table = tables.features(rows)
+    cells = {}
+    for line in table.splitlines():
+        parts = [c.strip() for c in line.strip("|").split("|")]
+        if len(parts) == 11 and parts[0] in ("window1024_0", "sinks"):
+            cells[(parts[0], parts[5])] = parts
+    assert set(cells) == {("window1024_0", "49"), ("sinks", "51")}, table
+    window = cells[("window1024_0", "49")]
+    assert abs(float(window[6]) - 0.272) < 1e-6 and abs(float(window[7]) - 1.79) < 1e-6, window   # medians of 2
+    assert abs(float(window[8]) - 1.79 / 0.272) < 0.01, window                                     # without / with
+    assert abs(float(window[9]) - 0.251) < 1e-6 and abs(float(window[10]) - 0.251 / 0.272) < 0.01, window
+    sinks = cells[("sinks", "51")]
+    assert abs(float(sinks[8]) - 1.80 / 1.81) < 0.01 and abs(float(sinks[10]) - 1.47 / 1.81) < 0.01, sinks
+    assert "medians of 2 alternating rounds" in table, table
+    # The rounds table takes the rows without a feature only: step 49's TFLOPS there are its full causal ones.
+    plain = tables.rounds(rows, ["49"])
+    line = next(t for t in plain.splitlines() if t.startswith("| 128 |"))
+    tflops = [r["tflops"] for r in rows if r["suite"] in ("round1", "round2") and r["step"] == "49"]
+    assert f"{tables._median(tflops):.1f}"[:3] in line, (plain, tflops)
+print("features' rounds: merged by feature, table against none and FA4, rounds table without features")

@@ -147,7 +147,8 @@ assert refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlen
                cu_seqlens_k=cu_k).startswith("attention problem: cu_seqlens_q[2] - cu_seqlens_q[1] = -10")
 assert refusal(fa_course.forward, "52", q, k, v, out, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).startswith(
     "q: Q of a pack must have 3 dimensions [total, H, d]")
-message = refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+message = refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                  workspace=np.zeros(16, np.uint8))
 assert message.startswith("q: the tensor is not in CUDA device memory"), message  # every check but the memory passed
 
 # Where the tensors live: host memory is refused by name, before anything runs.

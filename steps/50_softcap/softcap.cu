@@ -13,6 +13,7 @@
 #include "20_wgmma/wgmma.cuh"
 #include "22_warp_specialization/roles.cuh"
 #include "23_pingpong/named_barrier.cuh"
+#include "50_softcap/tanh_exp2.cuh"
 #include "fa/kit.cuh"
 #include "fa/tma.hpp"
 
@@ -118,12 +119,6 @@ __device__ __forceinline__ WorkTile work_tile(const Scheduler& sched, int w, int
   const int level = w % sched.q_tiles;
   const int pair = w / sched.q_tiles;
   return {causal ? sched.q_tiles - 1 - level : level, pair % q_heads, pair / q_heads};
-}
-
-/// tanh(x) to float rounding from the SM's exp2 and a fast division: 1 - 2 / (2^(2 x log2 e) + 1). Large |x| give
-/// 2^(..) = inf or 0, and so exactly +1 or -1.
-__device__ __forceinline__ float tanh_exp2(float x) {
-  return 1.f - __fdividef(2.f, fast_exp2(x * (2.f * kLog2e)) + 1.f);
 }
 
 /// FlashAttention-2 forward on Hopper, warp-specialized, consumers in ping-pong, each overlapping its

@@ -14,6 +14,7 @@
 #include "20_wgmma/wgmma.cuh"
 #include "22_warp_specialization/roles.cuh"
 #include "23_pingpong/named_barrier.cuh"
+#include "50_softcap/tanh_exp2.cuh"
 #include "fa/kit.cuh"
 #include "fa/tma.hpp"
 
@@ -166,12 +167,6 @@ struct Scheduler {
   }
 };
 constexpr int kSchedulerBytes = 2 * sizeof(int);  ///< the workspace step 25 asks for
-
-/// tanh(x) to float rounding from the SM's exp2 and a fast division: 1 - 2 / (2^(2 x log2 e) + 1). Large |x| give
-/// 2^(..) = inf or 0, and so exactly +1 or -1.
-__device__ __forceinline__ float tanh_exp2(float x) {
-  return 1.f - __fdividef(2.f, fast_exp2(x * (2.f * kLog2e)) + 1.f);
-}
 
 /// FlashAttention-2 forward on Hopper, warp-specialized, consumers in ping-pong, each overlapping its
 /// softmax with its own P V, persistent. A one-dimensional grid of at most one block per SM, block of a

@@ -15,6 +15,7 @@
 #include "36_coalesced_side_kernels/side_kernels.cuh"
 #include "38_wgmma_backward/wgmma_mn.cuh"
 #include "39_dq_by_copy_engine/bulk_reduce.cuh"
+#include "50_softcap/tanh_exp2.cuh"
 #include "fa/kit.cuh"
 #include "fa/tma.hpp"
 
@@ -103,12 +104,6 @@ template <int D>
 constexpr int shared_bytes() {
   return 2 * (2 * Bc * D + kStages * 2 * kBr<D> * D + kDsBuffers<D> * Bc * kBr<D>) + kDqBuffers * 4 * kBr<D> * D +
          kStages * 2 * kBr<D> * 4 + 8 * (1 + 2 * kStages) + 1024;
-}
-
-/// tanh(x) to float rounding from the SM's exp2 and a fast division, as step 50 writes it (its tanh_exp2, which lives
-/// in step 50's file, the hole of its exercise): 1 - 2 / (2^(2 x log2 e) + 1). Large |x| give exactly +1 or -1.
-__device__ __forceinline__ float tanh_exp2(float x) {
-  return 1.f - __fdividef(2.f, fast_exp2(x * (2.f * kLog2e)) + 1.f);
 }
 
 /// The two 16-bit values pack2<T> packed, as floats (lo in x).

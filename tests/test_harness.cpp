@@ -234,13 +234,13 @@ TEST_CASE("the backward's sink cases carry the reference's dsinks and are judged
     std::vector<double> kernel(std::size_t(p.q_heads)), without_d(kernel.size()), by_kv_head(kernel.size());
     for (int b = 0; b < p.batch; ++b)
       for (int h = 0; h < p.q_heads; ++h)
-        for (int i = 0; i < p.q_len; ++i) {
+        for (int i = 0; i < p.q_len_of(b); ++i) {  // a pack's sequences each over their own rows
           double D = 0;
           for (int e = 0; e < p.head_dim; ++e) {
-            const std::int64_t at = ((std::int64_t(b) * p.q_len + i) * p.q_heads + h) * p.head_dim + e;
+            const std::int64_t at = (p.q_row(b, i) * p.q_heads + h) * p.head_dim + e;
             D += float(in.o.get(at)) * float(in.d_o.get(at));
           }
-          const double lse = in.lse.get((std::int64_t(b) * p.q_heads + h) * p.q_len + i);
+          const double lse = in.lse.get(p.lse_index(b, i, h));
           const int kv_h = h / p.group_size();
           kernel[std::size_t(h)] -= std::exp(sinks[std::size_t(h)] - lse) * float(D);
           without_d[std::size_t(h)] -= std::exp(sinks[std::size_t(h)] - lse);
@@ -267,5 +267,5 @@ TEST_CASE("the backward's sink cases carry the reference's dsinks and are judged
     CHECK_THAT(judge_dsinks(nan, prep.expected_dsinks, p.dtype, prep.max_abs_score).failed,
                Catch::Matchers::Contains("non-finite"));
   }
-  CHECK(cases == 12);  // 3 sink cases x 2 dtypes x 2 masks
+  CHECK(cases == 16);  // 4 sink cases (one of them a pack) x 2 dtypes x 2 masks
 }

@@ -26,10 +26,13 @@ const double* kv_row_of(const AttentionProblem& p, const double* t, int b, int j
 /// [q_heads, total_q] (varlen).
 std::int64_t lse_index(const AttentionProblem& p, int b, int i, int h) { return p.lse_index(b, i, h); }
 
-/// Query row r = (row of Q, head) of the output's own order: its sequence b, row i in it and head h.
+/// A query row by its sequence, its row in the sequence and its head.
 struct QueryRow {
-  int b, i, h;
+  int b;  ///< the sequence
+  int i;  ///< the row in the sequence
+  int h;  ///< the query head
 };
+/// Query row r = (row of Q, head) of the output's own order, [total_q, q_heads]: its sequence, row and head.
 QueryRow query_row(const AttentionProblem& p, std::int64_t r) {
   const std::int64_t row = r / p.q_heads;
   const int b = p.sequence_of_q_row(row);

@@ -201,6 +201,16 @@ def library_peers(rows) -> list:
     return ["sdpa-flash", "sdpa-cudnn", "fa3"] + (["fa4"] if any(r["step"] == "fa4" for r in rows) else [])
 
 
+def _config(row: dict) -> tuple:
+    """A rounds table's configuration: (d, B, Nq, Hq, dtype, causal)."""
+    return (row["head_dim"], row["batch"], row["q_len"], row["q_heads"], row["dtype"], row["causal"])
+
+
+def _label(row: dict) -> str:
+    """A step's or peer's label in a rounds table: its id, with its variant ("50-tanh")."""
+    return row["step"] + (f"-{row['variant']}" if row["variant"] else "")
+
+
 def rounds(rows, steps, head_dim=None) -> str:
     """TFLOPS per configuration of the forward, the median over the rounds of bench/hopper_rounds.sh (rows
     whose suite is round1, round2, ...), for the listed steps and every peer; then the fastest listed step
@@ -210,12 +220,7 @@ def rounds(rows, steps, head_dim=None) -> str:
     peers = library_peers(picked)
     versus = [p for p in peers if p != "sdpa-flash"]
     columns = [s for s in steps] + peers
-
-    def config(r):
-        return (r["head_dim"], r["batch"], r["q_len"], r["q_heads"], r["dtype"], r["causal"])
-
-    def name(r):
-        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
+    config, name = _config, _label
 
     samples: dict = {}
     for r in picked:
@@ -250,12 +255,7 @@ def features(rows, steps=()) -> str:
     def feature(r):
         return r["suite"].split("-", 1)[1] if "-" in r["suite"] else ""
 
-    def config(r):
-        return (r["head_dim"], r["batch"], r["q_len"], r["q_heads"], r["dtype"], r["causal"])
-
-    def name(r):
-        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
-
+    config, name = _config, _label
     samples: dict = {}
     for r in picked:
         samples.setdefault((config(r), feature(r), name(r)), []).append(r["ms"])

@@ -359,7 +359,9 @@ BackwardReference backward_reference(const AttentionProblem& p, const AttentionI
   const std::vector<double> q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
   const std::vector<double> sinks = p.sinks ? in.sinks.to_double() : std::vector<double>();
   reference_attention(p, q, k, v, &ref.max_abs_score, nullptr, p.sinks ? &sinks : nullptr);
-  ref.gradients = reference_attention_backward(p, q, k, v, backward.d_o.to_double(), p.sinks ? &sinks : nullptr);
+  const std::vector<double> stored_o = backward.o.to_double();  // D from the O the step reads (reference.hpp)
+  ref.gradients =
+      reference_attention_backward(p, q, k, v, backward.d_o.to_double(), p.sinks ? &sinks : nullptr, &stored_o);
   ref.checked = true;
   return ref;
 }

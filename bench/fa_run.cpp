@@ -202,13 +202,15 @@ void refuse_other_pass(const StepInfo& step, const Args& args) {
 }
 
 // Prints each gradient's verdict against the float64 reference; true when all passed.
-bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, const HostTensor& d_o,
+bool check_gradients(const AttentionProblem& p, const AttentionInputs& inputs, const BackwardInputs& backward,
                      const Gradients& g) {
   const std::vector<double> q = inputs.q.to_double(), k = inputs.k.to_double(), v = inputs.v.to_double();
   const std::vector<double> sinks = p.sinks ? inputs.sinks.to_double() : std::vector<double>();
   double max_abs_score = 0;
   reference_attention(p, q, k, v, &max_abs_score, nullptr, p.sinks ? &sinks : nullptr);
-  const ReferenceGradients ref = reference_attention_backward(p, q, k, v, d_o.to_double(), p.sinks ? &sinks : nullptr);
+  const std::vector<double> stored_o = backward.o.to_double();  // D from the O the step read (reference.hpp)
+  const ReferenceGradients ref =
+      reference_attention_backward(p, q, k, v, backward.d_o.to_double(), p.sinks ? &sinks : nullptr, &stored_o);
   std::vector<Verdict> verdicts = judge_gradients(g, ref.dq, ref.dk, ref.dv, p.head_dim, max_abs_score);
   if (p.sinks) verdicts.push_back(judge_dsinks(g.dsinks, ref.dsinks, p.dtype, max_abs_score));
   bool ok = true;
@@ -425,7 +427,7 @@ int run(int argc, char** argv) {
       write_npy(dsinks_path, g.dsinks);
       std::printf("the sinks' gradient (float32 [Hq]) -> %s\n", dsinks_path.c_str());
     }
-    if (args.has("check")) return check_gradients(p, inputs, backward_inputs.d_o, g) ? 0 : 3;
+    if (args.has("check")) return check_gradients(p, inputs, backward_inputs, g) ? 0 : 3;
     return 0;
   }
 

@@ -197,10 +197,12 @@ std::vector<double> reference_lse(const AttentionProblem& p, const std::vector<d
 
 ReferenceGradients reference_attention_backward(const AttentionProblem& p, const std::vector<double>& q,
                                                 const std::vector<double>& k, const std::vector<double>& v,
-                                                const std::vector<double>& d_o, const std::vector<double>* sinks) {
+                                                const std::vector<double>& d_o, const std::vector<double>* sinks,
+                                                const std::vector<double>* stored_o) {
   validate(p);
   const char* self = "reference_attention_backward";
   check_sinks(self, sinks, p);
+  if (stored_o) check_size(self, "stored_o", stored_o->size(), p.q_elements(), p);
   check_size(self, "q", q.size(), p.q_elements(), p);
   check_size(self, "k", k.size(), p.kv_elements(), p);
   check_size(self, "v", v.size(), p.kv_elements(), p);
@@ -209,7 +211,7 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
   const double scale = p.softmax_scale();
   ReferenceGradients grads{std::vector<double>(q.size()), std::vector<double>(k.size()),
                            std::vector<double>(v.size()), {}};
-  // Per query row, what the key pass needs: LSE_i (to recompute P_ij) and D_i = dO_i·O_i.
+  // Per query row, what the key pass needs: LSE_i (to recompute P_ij) and D_i = dO_i·O_i (of stored_o, where given).
   std::vector<double> lse(p.lse_elements()), delta(p.lse_elements());
 
   // Pass 1, over query rows r = (b, i, h) in dQ's order: P, the exact O, D_i, and
@@ -233,7 +235,7 @@ ReferenceGradients reference_attention_backward(const AttentionProblem& p, const
       for (int c = 0; c < d; ++c) o[c] += probs[x] * v_row[c];
     }
     const double* do_row = q_row_of(p, d_o.data(), b, i, h);
-    const double D = dot(do_row, o.data(), d);
+    const double D = dot(do_row, stored_o ? q_row_of(p, stored_o->data(), b, i, h) : o.data(), d);
     lse[lse_index(p, b, i, h)] = row_max + std::log(row_sum);
     delta[lse_index(p, b, i, h)] = D;
     double* dq_row = grads.dq.data() + r * d;

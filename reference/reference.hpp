@@ -66,10 +66,16 @@ struct ReferenceGradients {
 /// races); memory beyond the outputs is LSE and D (two doubles per query row) and one row of
 /// probabilities per thread, never Nq x Nkv. Validates p; throws std::invalid_argument naming the
 /// tensor whose size does not match p.
+///
+/// `stored_o`, where given: the O a backward reads (a forward's output, rounded to its dtype), shaped like q; D_i is
+/// then dO_i·O_i of that O, as every backward computes it, instead of the exact O's. No backward can undo the
+/// rounding of its input O, and where the cap saturates (slopes near 0 on most keys) that rounding alone, through D,
+/// moves dQ by as much as the dtype's bound (notebook 54): the harness judges a backward at the O it is given.
 ReferenceGradients reference_attention_backward(const AttentionProblem& p, const std::vector<double>& q,
                                                 const std::vector<double>& k, const std::vector<double>& v,
                                                 const std::vector<double>& d_o,
-                                                const std::vector<double>* sinks = nullptr);
+                                                const std::vector<double>* sinks = nullptr,
+                                                const std::vector<double>* stored_o = nullptr);
 
 /// The trace of a row-major rows x cols matrix: the sum of its min(rows, cols)
 /// diagonal elements, added in double (exact for int sums below 2^53).

@@ -338,8 +338,10 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
   prep.expected = reference_attention(p, q, k, v, &prep.max_abs_score, &prep.expected_lse, sinks_in);
   if (pass == Pass::backward) {
     // What the forward hands the backward, as a forward step would store it: O in the dtype, LSE in
-    // f32; and the gradient flowing in, dO, of order 1 like O. The gradients are those of the exact
-    // function at these inputs (O and LSE exact): the rounding of O and LSE is part of the error.
+    // f32; and the gradient flowing in, dO, of order 1 like O. The gradients are the exact function's at these
+    // inputs with D_i = dO_i . O_i taken from the stored O, as every backward takes it (reference.hpp: no backward
+    // undoes O's rounding, and with a saturated cap that rounding alone reaches the dtype's bound); the LSE's
+    // rounding is part of the error.
     prep.backward = true;
     BackwardInputs& b = prep.backward_inputs;
     b.o = HostTensor(p.dtype, q_shape(p));
@@ -347,7 +349,8 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
     b.lse = HostTensor(DType::f32, lse_shape(p));
     for (std::int64_t e = 0; e < b.lse.numel(); ++e) b.lse.set(e, prep.expected_lse[e]);
     b.d_o = random_tensor(p.dtype, q_shape(p), seed * 3 + 4);
-    ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double(), sinks_in);
+    const std::vector<double> stored_o = b.o.to_double();
+    ReferenceGradients g = reference_attention_backward(p, q, k, v, b.d_o.to_double(), sinks_in, &stored_o);
     prep.expected_dq = std::move(g.dq), prep.expected_dk = std::move(g.dk), prep.expected_dv = std::move(g.dv);
     prep.expected_dsinks = std::move(g.dsinks);
   }

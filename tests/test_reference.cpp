@@ -686,6 +686,44 @@ TEST_CASE("features backward: dQ, dK, dV and dsinks match central differences of
   CHECK(failures == 0);
 }
 
+TEST_CASE("features backward: D from the stored O the backward is given", "[cpu][features]") {
+  // The exact O given as stored_o changes nothing; a stored O moved on one row (b, i, h) by delta moves that row's
+  // D_i by dO_i . delta: dV, the other rows' dQ stay, dQ_i moves, and dsinks_h by -exp(sink_h - LSE_i) (dO_i . delta).
+  auto p = make(2, 5, 7, 4, 2, 4, true);
+  p.softcap = 1.5f, p.sinks = true, p.window_left = 3;
+  p.causal_align = CausalAlign::bottom_right;
+  auto q = random_doubles(p.q_elements(), 70);
+  const auto k = random_doubles(p.kv_elements(), 71), v = random_doubles(p.kv_elements(), 72),
+             d_o = random_doubles(p.q_elements(), 73);
+  for (double& x : q) x *= 3;
+  const std::vector<double> sinks = {0.3, -0.8, 1.1, -0.2};
+  std::vector<double> lse;
+  const std::vector<double> o = reference_attention(p, q, k, v, nullptr, &lse, &sinks);
+  const ReferenceGradients exact = reference_attention_backward(p, q, k, v, d_o, &sinks);
+  const ReferenceGradients same = reference_attention_backward(p, q, k, v, d_o, &sinks, &o);
+  for (std::size_t e = 0; e < exact.dq.size(); ++e) CHECK(same.dq[e] == Approx(exact.dq[e]).margin(1e-13));
+  for (std::size_t e = 0; e < exact.dk.size(); ++e) CHECK(same.dk[e] == Approx(exact.dk[e]).margin(1e-13));
+  for (std::size_t e = 0; e < 4; ++e) CHECK(same.dsinks[e] == Approx(exact.dsinks[e]).margin(1e-13));
+
+  const int b = 1, i = 3, h = 2, d = p.head_dim;
+  const std::int64_t row = (std::int64_t(b) * p.q_len + i) * p.q_heads + h;  // [batch, q_len, q_heads, d]
+  std::vector<double> moved = o;
+  double delta_d = 0;
+  for (int c = 0; c < d; ++c) moved[row * d + c] += 0.01 * (c + 1), delta_d += d_o[row * d + c] * 0.01 * (c + 1);
+  const ReferenceGradients g = reference_attention_backward(p, q, k, v, d_o, &sinks, &moved);
+  CHECK(g.dv == exact.dv);
+  double row_change = 0;
+  for (std::int64_t e = 0; e < std::int64_t(g.dq.size()); ++e) {
+    if (e / d == row) row_change += std::abs(g.dq[e] - exact.dq[e]);
+    else CHECK(g.dq[e] == exact.dq[e]);
+  }
+  CHECK(row_change > 1e-6);
+  const double lse_i = lse[(std::size_t(b) * p.q_heads + h) * p.q_len + i];
+  for (int x = 0; x < 4; ++x)
+    CHECK(g.dsinks[x] == Approx(exact.dsinks[x] - (x == h ? std::exp(sinks[x] - lse_i) * delta_d : 0.0)).margin(1e-13));
+  CHECK_THROWS_WITH(reference_attention_backward(p, q, k, v, d_o, &sinks, &k), Contains("stored_o has"));
+}
+
 TEST_CASE("features: the problem names a bad window or cap, and the reference its missing sinks", "[cpu][features]") {
   auto p = make(1, 4, 4, 1, 1, 8, true);
   p.window_left = -2;

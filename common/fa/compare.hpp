@@ -107,8 +107,9 @@ std::vector<Verdict> judge_gradients(const Gradients& out, const std::vector<dou
                                      const std::vector<double>& dv, int head_dim, double max_abs_score);
 
 /// The sinks' gradient (f32 [q_heads]) of a backward call on inputs of `dtype`, against its float64 reference,
-/// as one row with gradient_tolerance_for(dtype)'s bounds: it is computed in float from D_i = dO_i . O_i, where
-/// O is the input rounded to `dtype`, so its error is the inputs' dtype's, not f32's.
+/// as one row with gradient_tolerance_for(dtype)'s bounds, as dQ, dK and dV are: it is summed in float from
+/// D_i = dO_i . O_i of the O the backward reads (rounded to `dtype`; the harness's reference takes D from that O too,
+/// reference_attention_backward's stored_o).
 Verdict judge_dsinks(const HostTensor& out, const std::vector<double>& ref, DType dtype, double max_abs_score);
 
 /// LSE (f32, one value per query row) against its float64 reference, element by element with

@@ -51,14 +51,14 @@ for round in $(seq 1 "$rounds"); do
       feature=${features[$f]}
       flags=(); [ "$feature" = none ] || read -r -a flags <<< "$feature"
       tag=${shape//,/x}; [ "$feature" = none ] || tag="${tag}_feature$f"  # a pack's list is too long for a name
-      echo "== round $round: steps $steps at $shape${flags[*]:+ with ${flags[*]}}"
+      echo "== $(date +%T) round $round: steps $steps at $shape${flags[*]:+ with ${flags[*]}}"
       build/bench/fa-bench --shape "$shape" --steps "$steps" --dtypes "$dtypes" --causal "$causal" --reps 30 \
         --no-baseline "${flags[@]}" --csv "$OUT/rounds/ours-$round-$tag.csv" > "$OUT/rounds/ours-$round-$tag.txt" 2>&1
       if [ -n "${FA_ROUND_BENCH:-}" ]; then
         "$FA_ROUND_BENCH" --shape "$shape" --steps "${FA_ROUND_OLD_STEPS:-$steps}" --dtypes "$dtypes" --causal "$causal" \
           --reps 30 --no-baseline "${flags[@]}" --csv "$OUT/rounds/old-$round-$tag.csv" > "$OUT/rounds/old-$round-$tag.txt" 2>&1
       fi
-      echo "== round $round: peers at $shape${flags[*]:+ with ${flags[*]}}"
+      echo "== $(date +%T) round $round: peers at $shape${flags[*]:+ with ${flags[*]}}"
       python3 bench/sdpa_peers.py --pass "$pass" --shape "$shape" --dtypes "$dtypes" --causal "${causal/both/no,yes}" \
         --backends "$backends" --reps 30 "${flags[@]}" \
         --csv "$OUT/rounds/peers-$round-$tag.csv" > "$OUT/rounds/peers-$round-$tag.txt" 2>&1

@@ -532,35 +532,59 @@ NB_MODULE(_ext, m) {
   m.def("backward",
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
            const Tensor& lse, const Tensor& d_out, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-           const OptionalTensor& workspace, bool causal, std::optional<double> scale, std::uintptr_t stream) {
+           const OptionalTensor& workspace, bool causal, std::optional<double> scale, int window_left,
+           int window_right, double softcap, const OptionalTensor& sinks, const OptionalTensor& dsinks,
+           const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k, std::uintptr_t stream) {
           report_earlier_faults(q);
           Call call = call_for(step, q, k, v, causal, scale, "top-left", std::nullopt, std::nullopt,
-                               fa::Pass::backward);
+                               fa::Pass::backward,
+                               {window_left, window_right, softcap, sinks, cu_seqlens_q, cu_seqlens_k});
           fa::check_backward_shapes(call.p, shape_of(out, "out"), shape_of(lse, "lse"), shape_of(d_out, "d_out"));
           check_form(dq, "dq", fa::q_shape(call.p), call.p.dtype);
           check_form(dk, "dk", fa::kv_shape(call.p), call.p.dtype);
           check_form(dv, "dv", fa::kv_shape(call.p), call.p.dtype);
-          check_overlaps({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"workspace", workspace ? &*workspace : nullptr}},
-                         {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"d_out", &d_out}});
+          // The sinks' gradient is an output of a backward with sinks, and of no other.
+          if (sinks && !dsinks)
+            throw std::invalid_argument("dsinks: a backward with sinks writes their gradient; pass dsinks=, float32 [" +
+                                        std::to_string(call.p.q_heads) + "] on the call's device");
+          if (dsinks && !sinks)
+            throw std::invalid_argument("dsinks: given without sinks; a backward writes dsinks only with sinks=");
+          if (dsinks) check_form(*dsinks, "dsinks", {call.p.q_heads}, DType::f32);
+          check_overlaps({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks ? &*dsinks : nullptr},
+                          {"workspace", workspace ? &*workspace : nullptr}},
+                         {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"d_out", &d_out},
+                          {"sinks", sinks ? &*sinks : nullptr},
+                          {"cu_seqlens_q", cu_seqlens_q ? &*cu_seqlens_q : nullptr},
+                          {"cu_seqlens_k", cu_seqlens_k ? &*cu_seqlens_k : nullptr}});
           call.t.o = out.data(), call.t.lse = static_cast<float*>(lse.data()), call.t.d_o = d_out.data();
           call.t.dq = dq.data(), call.t.dk = dk.data(), call.t.dv = dv.data();
+          if (dsinks) call.t.dsinks = static_cast<float*>(dsinks->data());
           DeviceGuard guard;
           check_workspace(call, workspace, guard);
           check_memory(q, "q", -1), check_memory(k, "k", call.device), check_memory(v, "v", call.device);
           check_memory(out, "out", call.device), check_memory(lse, "lse", call.device);
           check_memory(d_out, "d_out", call.device);
+          if (sinks) check_memory(*sinks, "sinks", call.device);
+          if (cu_seqlens_q) check_memory(*cu_seqlens_q, "cu_seqlens_q", call.device);
+          if (cu_seqlens_k) check_memory(*cu_seqlens_k, "cu_seqlens_k", call.device);
           check_memory(dq, "dq", call.device), check_memory(dk, "dk", call.device);
           check_memory(dv, "dv", call.device);
+          if (dsinks) check_memory(*dsinks, "dsinks", call.device);
           if (workspace) check_memory(*workspace, "workspace", call.device);
           launch(call, stream, guard);
         },
         nb::arg("step"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("d_out"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(),
         nb::arg("workspace") = nb::none(), nb::arg("causal") = false, nb::arg("scale") = nb::none(),
-        nb::arg("stream") = 0,
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
+        nb::arg("sinks") = nb::none(), nb::arg("dsinks") = nb::none(), nb::arg("cu_seqlens_q") = nb::none(),
+        nb::arg("cu_seqlens_k") = nb::none(), nb::arg("stream") = 0,
         "dQ, dK and dV of a backward step from Q, K, V, the forward's O and LSE, and dO, written into dq, dk, dv, "
         "on `stream`, with q's device current. The workspace (the float dQ the blocks add into) is zeroed on "
-        "`stream` before the launch.");
+        "`stream` before the launch. The models' features as forward() takes them, for the backward steps that "
+        "list them (steps()): window_left and window_right, softcap, and sinks (float32 [Hq]), whose gradient goes "
+        "to dsinks (float32 [Hq], needed with sinks; the step zeroes it on `stream`); a pack's cu_seqlens_q and "
+        "cu_seqlens_k as forward() takes them, with lse float32 [Hq, total_q].");
 
   m.def("check",
         [](std::optional<int> device) {

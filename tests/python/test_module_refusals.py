@@ -151,6 +151,32 @@ message = refusal(fa_course.forward, "52", pq, pk, pk, np.zeros_like(pq), cu_seq
                   workspace=np.zeros(16, np.uint8))
 assert message.startswith("q: the tensor is not in CUDA device memory"), message  # every check but the memory passed
 
+# The backward takes the same features (issue 58): refused by name where a step does not take them; with sinks it
+# writes their gradient, so dsinks (float32 [Hq]) must be there, and only then; a step that takes every one of them
+# gets past every refusal to the host memory's (the backward's workspace: the float dQ and the LSE's scratch).
+lse = np.zeros((2, 4, 8), np.float32)
+dq, dk, dv = np.zeros_like(q), np.zeros((2, 8, 2, 64), f16), np.zeros((2, 8, 2, 64), f16)
+
+
+def backward(step, **features):
+    return refusal(fa_course.backward, step, q, k, v, out, lse, np.zeros_like(q), dq, dk, dv,
+                   workspace=np.zeros(1 << 16, np.uint8), **features)
+
+
+assert listed["55"]["sinks"] and listed["53"]["window"] and not listed["41"]["window"]
+assert backward("41", window_left=4, window_right=0).startswith(
+    "step 41: window = (4, 0) is not supported; supported: (-1, -1), no window")
+assert backward("53", softcap=30.0).startswith("step 53: softcap = 30.000000 is not supported")
+assert backward("54", sinks=sinks, dsinks=np.zeros(4, np.float32)).startswith("step 54: sinks = on is not supported")
+assert backward("55", sinks=sinks) == ("dsinks: a backward with sinks writes their gradient; pass dsinks=, float32 [4] "
+                                       "on the call's device")
+assert backward("55", dsinks=np.zeros(4, np.float32)) == (
+    "dsinks: given without sinks; a backward writes dsinks only with sinks=")
+assert backward("55", sinks=sinks, dsinks=np.zeros(3, np.float32)) == "dsinks: must be f32 [4]; got f32 [3]"
+message = backward("55", window_left=4, softcap=30.0, sinks=sinks, dsinks=np.zeros(4, np.float32))
+assert message.startswith("q: the tensor is not in CUDA device memory"), message
+assert backward("55", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).startswith("q: Q of a pack must have 3 dimensions")
+
 # Where the tensors live: host memory is refused by name, before anything runs.
 message = refusal(fa_course.forward, "11", q, k, v, out)
 assert message.startswith("q: the tensor is not in CUDA device memory"), message

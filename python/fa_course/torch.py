@@ -145,9 +145,14 @@ def _(q, k, v, out, lse, d_out, step, causal, scale, window_left=-1, window_righ
     return _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v), dsinks
 
 
+_FEATURE_DEFAULTS = (-1, -1, 0.0, None, None, None)  # forward_op's window_left .. cu_seqlens_k, as declared
+
+
 def _setup_context(ctx, inputs, output):
+    # The inputs as the op was called: its features' defaulted arguments may be left out (opcheck's 7).
     (q, k, v, step, backward_step, causal, scale, window_left, window_right, softcap, sinks, cu_seqlens_q,
-     cu_seqlens_k) = inputs
+     cu_seqlens_k) = tuple(inputs) + _FEATURE_DEFAULTS[len(inputs) - 7:]
+    ctx.n_inputs = len(inputs)
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k)
     ctx.backward_step, ctx.causal, ctx.scale = backward_step, causal, scale
@@ -161,7 +166,7 @@ def _forward_op_backward(ctx, d_out, d_lse):
     dq, dk, dv, dsinks = backward_op(q, k, v, out, lse, d_out.contiguous(), ctx.backward_step, ctx.causal, ctx.scale,
                                      *ctx.window, ctx.softcap, sinks, cu_seqlens_q, cu_seqlens_k)
     return (dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None,
-            None)
+            None)[:ctx.n_inputs]
 
 
 forward_op.register_autograd(_forward_op_backward, setup_context=_setup_context)

@@ -20,7 +20,9 @@
 // --dump writes the pools, page_table.npy and kv_lens.npy; --causal-align bottom-right aligns the causal mask
 // to the end of each sequence (speculative decoding). The models' features: --window LEFT,RIGHT, --softcap C,
 // --sinks SINKS.npy (float32 [Hq]; with --random, --sinks random), for the steps that take them; a backward step
-// with sinks also writes their gradient (--dsinks DSINKS.npy, or dsinks.npy in the --dump folder).
+// with sinks also writes their gradient (--dsinks DSINKS.npy, or dsinks.npy in the --dump folder); with a pack
+// (--cu-seqlens-q/-k, step 56) it reads O and dO [total_q, Hq, d] and LSE [Hq, total_q] and writes dQ [total_q, Hq, d],
+// dK and dV [total_k, Hkv, d].
 // NumPy has no bfloat16: with --dtype bf16, --dump writes the bf16 inputs and
 // output as float32 (exactly), and float32 files given with --dtype bf16 are
 // rounded to bf16 before the run (so a dumped bf16 run replays bit for bit).
@@ -53,7 +55,8 @@ const char* kHelp = R"(usage: fa-run --step ID (--q Q.npy --k K.npy --v V.npy --
          writes dQ, dK, dV (--dq --dk --dv, or DIR/dq.npy, dk.npy, dv.npy). --random makes O and LSE with the
          last forward step that takes the problem and draws dO, and dumps them as o.npy, lse.npy, do.npy next
          to q.npy, k.npy, v.npy; --check judges each gradient against the float64 reference; with --sinks,
-         also the sinks' gradient, float32 [Hq] (--dsinks DSINKS.npy, or DIR/dsinks.npy)
+         also the sinks' gradient, float32 [Hq] (--dsinks DSINKS.npy, or DIR/dsinks.npy); with a pack
+         (--cu-seqlens-q/-k, below) O and dO are [total_q, Hq, d], LSE [Hq, total_q], and dQ, dK, dV packed too
        a KV cache (steps that take one; others refuse it): [--kv-lens L1,L2,..|LENS.npy] each sequence's keys
          (int32 [B]); [--page-table TABLE.npy] K and V are page pools [pages, page_size, Hkv, d] and TABLE,
          int32 [B, kv_len / page_size], lists each sequence's pages; with --random, [--page-size N] pages them

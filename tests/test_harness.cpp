@@ -158,9 +158,27 @@ TEST_CASE("the packed cases: lengths around a tile, a long one among short, no r
     CHECK(std::int64_t(prep.expected.size()) == p.q_elements());
     CHECK(std::int64_t(prep.expected_lse.size()) == p.lse_elements());
     CHECK(std::int64_t(prep.expected_dk.size()) == p.kv_elements());
+    // What the backward reads and is judged on, packed as the forward writes it (step 56): O and dO [total_q, Hq, d],
+    // LSE [Hq, total_q]; dQ [total_q, Hq, d], dK and dV [total_k, Hkv, d].
+    CHECK(prep.backward_inputs.o.shape == q_shape(p));
+    CHECK(prep.backward_inputs.d_o.shape == q_shape(p));
+    CHECK(prep.backward_inputs.lse.shape == lse_shape(p));
+    CHECK(std::int64_t(prep.expected_dq.size()) == p.q_elements());
+    CHECK(std::int64_t(prep.expected_dv.size()) == p.kv_elements());
     for (int b = 0; b < p.batch; ++b)
       if (p.kv_len_of(b) == 0)
         for (int i = 0; i < p.q_len_of(b); ++i) CHECK(prep.expected_lse[std::size_t(p.lse_index(b, i, 0))] == -INFINITY);
+    // A sequence with no rows has keys no row sees (dK = dV = 0), one with no keys rows that see none (dQ = 0): a
+    // backward must still write both.
+    const std::int64_t kv_row = std::int64_t(p.kv_heads) * p.head_dim, q_row = std::int64_t(p.q_heads) * p.head_dim;
+    for (int b = 0; b < p.batch; ++b) {
+      if (p.q_len_of(b) == 0)
+        for (std::int64_t e = p.kv_row(b, 0) * kv_row; e < p.kv_row(b, p.kv_len_of(b)) * kv_row; ++e)
+          CHECK((prep.expected_dk[std::size_t(e)] == 0 && prep.expected_dv[std::size_t(e)] == 0));
+      if (p.kv_len_of(b) == 0)
+        for (std::int64_t e = p.q_row(b, 0) * q_row; e < p.q_row(b, p.q_len_of(b)) * q_row; ++e)
+          CHECK(prep.expected_dq[std::size_t(e)] == 0);
+    }
   }
   for (int len : {1, 127, 128, 129, 3000}) CHECK(lengths.count(len) == 1);
   CHECK(no_rows);

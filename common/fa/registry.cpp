@@ -76,6 +76,7 @@ namespace step52 { Launcher launcher(); }
 namespace step53 { Launcher launcher(); }
 namespace step54 { Launcher launcher(); }
 namespace step55 { Launcher launcher(); }
+namespace step56 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -256,6 +257,9 @@ const std::vector<StepInfo>& all_steps() {
       {"55", "", "sinks_backward",
        "attention sinks in the backward: dQ, dK, dV unchanged (the LSE holds the sink), dsinks = -sum e^(sink - LSE) D summed where D is; with step 54's window and cap",
        step55::launcher()},
+      {"56", "", "varlen_backward",
+       "packed variable lengths in the backward: each K/V tile finds its sequence among virtual tiles by a binary search, addresses its keys and Q tiles from the pack's offsets, walks that sequence's rows alone; with step 55's window, cap and sinks",
+       step56::launcher()},
   };
   return steps;
 }

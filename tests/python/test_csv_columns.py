@@ -118,6 +118,17 @@ assert {(m[0], m[1]) for m in pack_plan} == {("custom-varlen3_108", (3, 100, 100
 assert sdpa_peers.flops((3, 100, 100, 16, 16, 128), True, "forward", pack.features) == \
     4.0 * 16 * 128 * (9 + 10000 + 25) / 2
 assert "packed lengths" in sdpa_peers.refusal("cudnn", (3, 100, 100, 16, 16, 128), "bf16", True, features=pack.features)
+# The backward of a pack (step 56's peer): FlashAttention-4's flash_attn_varlen_func through autograd, planned with the
+# same suite as fa-bench --suite backward --varlen, 2.5 times the forward's FLOPs; SDPA's backends refuse the pack.
+pack_bwd = sdpa_peers.parse_args(["--dry-run", "--pass", "backward", "--backends", "fa4,flash", "--shape",
+                                  "1,1,1,16,16,128", "--dtypes", "bf16", "--causal", "yes,no", "--varlen", "3,100,5"])
+assert {(m[0], m[1], m[4], m[5]) for m in sdpa_peers.plan(pack_bwd)} == {
+    ("custom-varlen3_108", (3, 100, 100, 16, 16, 128), backend, "backward") for backend in ("fa4", "flash")}
+assert sdpa_peers.refusal("fa4", (3, 100, 100, 16, 16, 128), "bf16", True, "backward", features=pack_bwd.features) is None
+assert "packed lengths" in sdpa_peers.refusal("flash", (3, 100, 100, 16, 16, 128), "bf16", True, "backward",
+                                              features=pack_bwd.features)
+assert sdpa_peers.flops((3, 100, 100, 16, 16, 128), True, "backward", pack_bwd.features) == \
+    2.5 * sdpa_peers.flops((3, 100, 100, 16, 16, 128), True, "forward", pack_bwd.features)
 assert '"-varlen" + std::to_string(shape.batch) + "_" + std::to_string(cu_seqlens.back())' in bench_source
 import pack_lengths  # noqa: E402
 mixed = pack_lengths.pack_lengths(100, 131072, 4096)

@@ -76,6 +76,7 @@ namespace step52 { Launcher launcher(); }
 namespace step53 { Launcher launcher(); }
 namespace step54 { Launcher launcher(); }
 namespace step55 { Launcher launcher(); }
+namespace step57 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -256,6 +257,9 @@ const std::vector<StepInfo>& all_steps() {
       {"55", "", "sinks_backward",
        "attention sinks in the backward: dQ, dK, dV unchanged (the LSE holds the sink), dsinks = -sum e^(sink - LSE) D summed where D is; with step 54's window and cap",
        step55::launcher()},
+      {"57", "", "head_dim_256",
+       "head_dim 256 (Gemma-class models) in step 52's kernel: K/V tiles of 80 keys in two stages beside Q_i's 64 KiB, O's 128 registers a thread; d = 64 and 128 as step 52, every feature at 256",
+       step57::launcher()},
   };
   return steps;
 }

@@ -86,7 +86,8 @@ static_assert(kGroupThreads * kProducerRegisters + kConsumerThreads * kConsumerR
 /// release) ran faster than two stages with the split release in 13 of 16 configurations, by up to
 /// 4-5.5 % (docs/results/ablations/README.md): with two, the copy of K_{j+2} waits for both
 /// consumers' S_j, the second of them half a turn behind.
-/// At d = 256 two: three stages of even 64 keys (64 + 3 x 2 x 32 KiB = 256 KiB) do not fit beside Q_i.
+/// At d = 256 two: three stages of 64 keys (64 + 3 x 2 x 32 KiB = 256 KiB) do not fit beside Q_i, and three of
+/// 48 (208 KiB) would spread each tile's fixed costs over three key steps of P V.
 template <int D>
 constexpr int kv_stages() {
   return D == 256 ? 2 : 3;

@@ -114,13 +114,13 @@ std::string cache_note(const StepInfo& s) {
 }  // namespace
 
 void print_step_list(std::ostream& out) {
-  out << std::left << std::setw(14) << "step" << std::setw(15) << "dtypes" << std::setw(12) << "head_dims"
+  out << std::left << std::setw(14) << "step" << std::setw(15) << "dtypes" << std::setw(14) << "head_dims"
       << std::setw(8) << "GPU" << std::setw(10) << "pass" << "what it changes\n";
   std::vector<const StepInfo*> rows;
   for (const StepInfo& s : all_steps()) rows.push_back(&s);
   rows.push_back(&cublas_baseline());
   for (const StepInfo* s : rows)
-    out << std::setw(14) << s->label() << std::setw(15) << dtype_list(*s) << std::setw(12) << head_dim_list(*s)
+    out << std::setw(14) << s->label() << std::setw(15) << dtype_list(*s) << std::setw(14) << head_dim_list(*s)
         << std::setw(8) << s->min_gpu() << std::setw(10) << to_string(s->pass) << s->summary << cache_note(*s) << "\n";
   out << "GPU: the lowest compute capability a step needs (sm_80: Ampere or newer); any: every CUDA GPU.\n"
          "pass: forward steps compute O (and LSE) from Q, K, V; backward steps dQ, dK, dV from Q, K, V, O, LSE, dO.\n"

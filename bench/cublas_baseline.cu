@@ -19,8 +19,8 @@
 namespace fa::cublas {
 namespace {
 
-/// What the baseline accepts. S (and P) live in the workspace.
-struct Support : kit::Support<kit::DTypes<float, __half, __nv_bfloat16>, kit::HeadDims<32, 64, 128>> {
+/// What the baseline accepts (its GEMMs take any d: 256 is listed for step 57). S (and P) live in the workspace.
+struct Support : kit::Support<kit::DTypes<float, __half, __nv_bfloat16>, kit::HeadDims<32, 64, 128, 256>> {
   static constexpr bool needs_workspace = true;  ///< S and P in global memory
 };
 

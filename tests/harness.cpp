@@ -205,6 +205,23 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     cache("another head_dim: speculative, 5 new tokens, bottom-right causal, paged (64)", problem(2, 5, 1024, 8, 2, d),
           {1000, 4}, 64, true);
   }
+  // A head_dim above 128 (step 57's 256) takes K/V tiles of its own width (80 keys) in its own count of stages (2),
+  // and is asked for by the steps with every model feature: the features and packs at it too, a window smaller than
+  // a tile, a cap that saturates, sinks, lengths 1 and 77 and about a tile of 80 keys (79, 80, 81, 161) and 300.
+  for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
+    if (d <= 128) continue;
+    shape("another head_dim: the smallest problem", problem(1, 1, 1, 1, 1, d));
+    window("another head_dim: smaller than a tile", problem(1, 300, 300, 4, 2, d), 16, 16);
+    window("another head_dim: asymmetric, q_len < kv_len", problem(1, 200, 700, 8, 2, d), 100, 3);
+    softcap("another head_dim: wide scores saturate it", problem(1, 200, 300, 4, 2, d), 5.f, InputKind::wide_10);
+    sink("another head_dim: random logits", problem(2, 129, 200, 4, 2, d), InputKind::uniform);
+    pack("another head_dim: lengths 1, 77, 79, 80, 81, 161, 300, GQA 8/2", problem(1, 1, 1, 8, 2, d),
+         {1, 77, 79, 80, 81, 161, 300}, {1, 77, 79, 80, 81, 161, 300});
+    AttentionProblem all = problem(1, 1, 1, 4, 2, d);
+    all.window_left = 64, all.softcap = 30.f, all.sinks = true;
+    pack("another head_dim: a window (64, 0), a cap of 30 and sinks, more keys than rows", all, {300, 1, 129},
+         {300, 1, 200});
+  }
   // Only the head_dims asked for.
   out.erase(std::remove_if(out.begin(), out.end(),
                            [&](const Case& c) {

@@ -55,7 +55,7 @@ TEST_CASE("+1000 on every score of a row does not move the softmax", "[cpu][harn
 TEST_CASE("every score shifted by -1000 puts every row's LSE near -1000, graded on every pass", "[cpu][harness]") {
   const test::Case c = stress_case(test::InputKind::offset_minus_1000);
   // kv_len past a whole tile of every size the steps use: the case's lesson is the tail tile's mask.
-  for (int tile : {16, 32, 64, 128, 176, 192}) CHECK(c.problem.kv_len % tile != 0);
+  for (int tile : {16, 32, 64, 80, 128, 176, 192}) CHECK(c.problem.kv_len % tile != 0);
   // With the causal mask as well: a whole Q tile of 128 rows starts past the last K tile of 128 keys, so the mask
   // of that tile cannot come from the causal diagonal.
   CHECK(c.problem.q_len > (c.problem.kv_len + 127) / 128 * 128);
@@ -187,6 +187,49 @@ TEST_CASE("the packed cases: lengths around a tile, a long one among short, no r
   CHECK(window);
   CHECK(cap_and_sinks);
   CHECK(causal);
+}
+
+TEST_CASE("head_dim 256's cases: odd lengths, q_len != kv_len, GQA, causal, each feature, packs about an 80-key tile",
+          "[cpu][harness]") {
+  // Asked for only by a step that takes d = 256 (step 57): none where the head_dims stop at 128.
+  for (const test::Case& c : test::graded_cases({DType::bf16}, {64, 128}, 0, Pass::forward))
+    CHECK(c.problem.head_dim != 256);
+  const std::vector<test::Case> cases = test::graded_cases({DType::bf16}, {64, 128, 256}, 0, Pass::forward);
+  std::set<int> lengths;
+  bool smallest = false, q_not_kv = false, gqa = false, causal = false, small_window = false, saturating_cap = false,
+       sinks = false, pack = false, all_features_packed = false;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (p.head_dim != 256) continue;
+    INFO(c.describe());
+    CHECK_NOTHROW(validate(p));
+    smallest |= p.q_len == 1 && p.kv_len == 1 && !p.varlen();
+    q_not_kv |= p.q_len != p.kv_len && !p.varlen() && p.kv_lens.empty();
+    gqa |= p.q_heads > p.kv_heads;
+    causal |= p.causal;
+    small_window |= p.windowed() && p.window_left >= 0 && p.window_left < 80;
+    saturating_cap |= p.softcap > 0 && p.softcap <= 5 && c.kind == test::InputKind::wide_10;
+    sinks |= p.sinks;
+    pack |= p.varlen();
+    all_features_packed |= p.varlen() && p.windowed() && p.softcap > 0 && p.sinks;
+    if (p.varlen())
+      for (int b = 0; b < p.batch; ++b) lengths.insert(p.q_len_of(b));
+    if (p.q_elements() > 300 * 8 * 256 || p.kv_len > 1000) continue;
+    // The float64 answers at d = 256: the reference takes any head_dim; O finite everywhere (O = 0 with no key).
+    const test::Prepared prep = test::prepare(c, 57, Pass::forward);
+    REQUIRE(std::int64_t(prep.expected.size()) == p.q_elements());
+    CHECK(std::all_of(prep.expected.begin(), prep.expected.end(), [](double x) { return std::isfinite(x); }));
+  }
+  for (int len : {1, 77, 79, 80, 81, 161, 300}) CHECK(lengths.count(len) == 1);
+  CHECK(smallest);
+  CHECK(q_not_kv);
+  CHECK(gqa);
+  CHECK(causal);
+  CHECK(small_window);
+  CHECK(saturating_cap);
+  CHECK(sinks);
+  CHECK(pack);
+  CHECK(all_features_packed);
 }
 
 TEST_CASE("only the backward's -1000 case has a row that reaches past kv_len with an LSE below -11", "[cpu][harness]") {

@@ -87,6 +87,12 @@ TEST_CASE("an unsupported dtype or head_dim is refused with the list the step su
   CHECK_THROWS_WITH(tensor_cores.launch(p, none, nullptr), Contains("head_dim = 48") && Contains("supported: 64, 128"));
   const StepInfo& naive = *select_steps("01").front();
   CHECK_THROWS_WITH(naive.launch(p, none, nullptr), Contains("supported: 32, 64, 128"));
+  // head_dim 256 (Gemma-class models): step 57 lists it beside step 52's two, and step 52 refuses it by name.
+  p.head_dim = 256;
+  const StepInfo& varlen = *select_steps("52").front();
+  CHECK_THROWS_WITH(varlen.launch(p, none, nullptr),
+                    Contains("step 52") && Contains("head_dim = 256") && Contains("supported: 64, 128"));
+  CHECK(select_steps("57").front()->head_dims == std::vector<int>{64, 128, 256});
 }
 
 TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit]") {

@@ -152,7 +152,7 @@ TEST_CASE("run one mutant through the harness's cases and print its result line"
   const StepInfo step = mutant->as_step();
   if (!test::runs_here(step, /*count_as_skip=*/false)) return result("not-run", "needs " + step.min_gpu());
   const std::vector<DType> dtypes(kAllDTypes, kAllDTypes + 3);
-  const std::vector<test::Case> cases = test::graded_cases(dtypes, {32, 64, 128}, test::max_len(), step.pass);
+  const std::vector<test::Case> cases = test::graded_cases(dtypes, {32, 64, 128, 256}, test::max_len(), step.pass);
   const std::uint64_t seed = test::fresh_seed();
   // A mutant that deadlocks would hang: the watchdog names it and ends the process instead.
   test::Watchdog watchdog(60, "the mutant hangs (the mutation table counts it as rejected)");

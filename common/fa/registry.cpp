@@ -77,6 +77,7 @@ namespace step53 { Launcher launcher(); }
 namespace step54 { Launcher launcher(); }
 namespace step55 { Launcher launcher(); }
 namespace step56 { Launcher launcher(); }
+namespace step57 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -260,6 +261,9 @@ const std::vector<StepInfo>& all_steps() {
       {"56", "", "varlen_backward",
        "packed variable lengths in the backward: each K/V tile finds its sequence among virtual tiles by a binary search, addresses its keys and Q tiles from the pack's offsets, walks that sequence's rows alone; with step 55's window, cap and sinks",
        step56::launcher()},
+      {"57", "", "head_dim_256",
+       "head_dim 256 (Gemma-class models) in step 52's kernel: K/V tiles of 80 keys in two stages beside Q_i's 64 KiB, O's 128 registers a thread; d = 64 and 128 as step 52, every feature at 256",
+       step57::launcher()},
   };
   return steps;
 }

@@ -118,5 +118,14 @@ assert backward(workspace=aligned(need + 100)).startswith(NOT_ON_GPU), "a larger
 message = refusal(fa_course.forward, "46", q1, k, v, out1, kv_lens=lens, workspace=aligned(1 << 20, offset=1))
 assert message.startswith("step 46: ") and "(workspace)" in message, message
 
+# -- head_dim 256 (Gemma-class heads): step 57 takes it, and the call reaches the GPU check; step 52, the kernel it
+# grows from, refuses it by name with the head_dims it takes.
+q256, kv256 = np.zeros((B, N, HQ, 256), f16), np.zeros((B, N, HKV, 256), f16)
+message = refusal(fa_course.forward, "52", q256, kv256, kv256, np.zeros_like(q256), workspace=aligned(64))
+assert "head_dim = 256 is not supported" in message and "supported: 64, 128" in message, message
+message = refusal(fa_course.forward, "57", q256, kv256, kv256, np.zeros_like(q256), workspace=aligned(64))
+assert message.startswith(NOT_ON_GPU), message
+
 assert callable(fa_course.check)
-print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU")
+print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU, and "
+      "head_dim 256 where the step does not take it")

@@ -64,18 +64,34 @@ std::vector<int> Args::parse_ints(const std::string& text, const std::vector<std
   }
   std::vector<int> values;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    std::size_t used = 0;
-    int value = 0;
-    try {
-      value = std::stoi(items[i], &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != items[i].size() || value < 1)
+    const std::optional<int> value = whole_number(items[i]);
+    if (!value || *value < 1)
       throw std::invalid_argument(what + " " + text + ": " + names[i] + " = " + items[i] + " is not a positive integer");
-    values.push_back(value);
+    values.push_back(*value);
   }
   return values;
+}
+
+std::optional<int> Args::whole_number(const std::string& item) {
+  std::size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(item, &used);
+  } catch (const std::exception&) {  // not a number, or out of int's range
+    return std::nullopt;
+  }
+  if (used != item.size()) return std::nullopt;
+  return value;
+}
+
+std::pair<int, int> Args::window(const std::string& text) {
+  const std::vector<std::string> sides = split(text);
+  const std::optional<int> left = sides.size() == 2 ? whole_number(sides[0]) : std::nullopt;
+  const std::optional<int> right = sides.size() == 2 ? whole_number(sides[1]) : std::nullopt;
+  if (!left || !right)  // each side's range is the problem's to check (validate: -1, or >= 0 keys)
+    throw std::invalid_argument("--window must be LEFT,RIGHT, two whole numbers of keys, -1 for an open side; got '" +
+                                text + "'");
+  return {*left, *right};
 }
 
 namespace {

@@ -4,9 +4,11 @@
 
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fa {
@@ -45,6 +47,11 @@ class Args {
   /// and the value's field ("--random 1,0,8,2,2,64: q_len = 0 is not a positive integer").
   static std::vector<int> parse_ints(const std::string& text, const std::vector<std::string>& names,
                                      const std::string& what);
+  /// `item` as an int when the whole of it is one ("12", "-1"), else nothing ("1.5", "", "9999999999").
+  static std::optional<int> whole_number(const std::string& item);
+  /// FlashAttention's window_size written LEFT,RIGHT (-1 an open side), as --window gives it: two whole numbers,
+  /// else an error that shows `text` (the sides' range is validate()'s to check).
+  static std::pair<int, int> window(const std::string& text);
 
  private:
   std::map<std::string, std::string> values_;

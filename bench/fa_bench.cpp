@@ -35,8 +35,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 namespace {
 
@@ -610,19 +612,7 @@ int run(int argc, char** argv) {
   // timed, and the suite column says so (until the CSV has the features' columns).
   int window_left = -1, window_right = -1;
   if (args.has("window")) {
-    const auto sides = Args::split(args.get("window", ""));
-    std::size_t used_left = 0, used_right = 0;
-    try {
-      if (sides.size() != 2) throw std::invalid_argument("two sides");
-      window_left = std::stoi(sides[0], &used_left);
-      window_right = std::stoi(sides[1], &used_right);
-    } catch (const std::exception&) {
-      used_left = 0;
-    }
-    if (used_left != sides[0].size() || sides.size() != 2 || used_right != sides[1].size() || window_left < -1 ||
-        window_right < -1)
-      throw std::invalid_argument("--window must be LEFT,RIGHT, two whole numbers of keys, -1 for an open side; got '" +
-                                  args.get("window", "") + "'");
+    std::tie(window_left, window_right) = Args::window(args.get("window", ""));
     for (Shape& shape : shapes) shape.suite += "-window" + std::to_string(window_left) + "_" + std::to_string(window_right);
   }
   // Soft-capping (a cap c > 0) and sinks (random logits, one a query head): the same, in the suite column.
@@ -645,14 +635,8 @@ int run(int argc, char** argv) {
     cu_seqlens = {0};
     int longest = 0;
     for (const std::string& text : Args::split(args.get("varlen", ""))) {
-      std::size_t used = 0;
-      int len = -1;
-      try {
-        len = std::stoi(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != text.size() || len < 0 || cu_seqlens.back() > std::numeric_limits<int>::max() - len)
+      const int len = Args::whole_number(text).value_or(-1);
+      if (len < 0 || cu_seqlens.back() > std::numeric_limits<int>::max() - len)
         throw std::invalid_argument("--varlen must be the pack's sequence lengths, whole numbers >= 0 separated by "
                                     "commas (e.g. 100,1,4096), in all below 2^31; got '" + args.get("varlen", "") + "'");
       cu_seqlens.push_back(cu_seqlens.back() + len);

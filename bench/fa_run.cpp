@@ -38,6 +38,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <tuple>
 
 namespace {
 
@@ -106,60 +108,36 @@ AttentionProblem problem_from(const AttentionInputs& in, const std::string (&fil
                               to_string(held) + " for a step that takes " + to_string(held) + " (fa-run --list)");
 }
 
-// The KV cache's per-sequence lengths: --kv-lens as a comma list, or an int32 .npy of B values.
-std::vector<int> kv_lens_from(const std::string& text) {
+// Whole numbers given on the command line as a comma list, or as an int32 .npy of one dimension: --kv-lens (the KV
+// cache's per-sequence lengths, B values) and a pack's --cu-seqlens-q/-k (its offsets, B + 1 values). `form` says
+// what they are, for the errors.
+std::vector<int> ints_from(const std::string& text, const char* option, const char* form) {
   if (text.size() > 4 && text.substr(text.size() - 4) == ".npy") {
-    const NpyInts lens = read_npy_ints(text);
-    if (lens.shape.size() != 1)
-      throw std::invalid_argument(text + ": kv_lens must be one dimension [B]; got " + shape_text(lens.shape));
-    return lens.values;
-  }
-  std::vector<int> out;
-  for (const auto& item : Args::split(text)) out.push_back(std::stoi(item));
-  return out;
-}
-
-// A pack's offsets (FlashAttention's cu_seqlens): a comma list, or an int32 .npy of B + 1 values.
-std::vector<int> offsets_from(const std::string& text, const char* option) {
-  if (text.size() > 4 && text.substr(text.size() - 4) == ".npy") {
-    const NpyInts offsets = read_npy_ints(text);
-    if (offsets.shape.size() != 1)
-      throw std::invalid_argument(text + ": " + option + " must be one dimension [B + 1]; got " + shape_text(offsets.shape));
-    return offsets.values;
+    const NpyInts values = read_npy_ints(text);
+    if (values.shape.size() != 1)
+      throw std::invalid_argument(text + ": --" + option + " must be one dimension, " + form + "; got " +
+                                  shape_text(values.shape));
+    return values.values;
   }
   std::vector<int> values;
   for (const std::string& item : Args::split(text)) {
-    std::size_t used = 0;
-    int value = -1;
-    try {
-      value = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size())
-      throw std::invalid_argument(std::string("--") + option + " must be offsets 0,len_0,.. (whole numbers) or an int32 "
-                                  ".npy; got '" + text + "'");
-    values.push_back(value);
+    const std::optional<int> value = Args::whole_number(item);
+    if (!value)
+      throw std::invalid_argument(std::string("--") + option + " must be " + form + ", whole numbers separated by "
+                                  "commas, or an int32 .npy; got '" + text + "'");
+    values.push_back(*value);
   }
   return values;
+}
+std::vector<int> kv_lens_from(const std::string& text) { return ints_from(text, "kv-lens", "[B] lengths"); }
+std::vector<int> offsets_from(const std::string& text, const char* option) {
+  return ints_from(text, option, "[B + 1] offsets 0, len_0, ..");
 }
 
 // The models' features (issue 58), FlashAttention's names: --window LEFT,RIGHT (-1: an open side), --softcap C,
 // --sinks (a float32 .npy of Hq logits, or "random" with --random). Sets them on p; validate() checks the values.
 void set_features(AttentionProblem& p, const Args& args) {
-  if (args.has("window")) {
-    const auto sides = Args::split(args.get("window", ""));
-    std::size_t used[2] = {0, 0};
-    try {
-      if (sides.size() == 2)
-        p.window_left = std::stoi(sides[0], &used[0]), p.window_right = std::stoi(sides[1], &used[1]);
-    } catch (const std::exception&) {
-      used[0] = 0;
-    }
-    if (sides.size() != 2 || used[0] != sides[0].size() || used[1] != sides[1].size())
-      throw std::invalid_argument("--window must be LEFT,RIGHT, two whole numbers of keys, -1 for an open side; got '" +
-                                  args.get("window", "") + "'");
-  }
+  if (args.has("window")) std::tie(p.window_left, p.window_right) = Args::window(args.get("window", ""));
   if (args.has("softcap")) p.softcap = float(args.get_number("softcap", 0));
   p.sinks = args.has("sinks");
 }

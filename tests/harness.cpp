@@ -195,6 +195,48 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     capped.softcap = 30.f, capped.sinks = true;
     pack("with a cap of 30 and sinks", capped, {129, 77, 1}, {129, 77, 1});
   }
+  // The models' features in decode (step 59), run only by the steps that take a KV cache's forms and the feature:
+  // windows smaller than a page, starting mid-page, covering only the new tokens, with several new tokens (two row
+  // tiles), larger than the sequence; sequences shorter than the window or of no keys; caps of 5 saturated by wide
+  // scores; sinks that outweigh the keys over several splits (a sink counted per split shows) and beside rows that
+  // see no key; all three at once. A window is aligned bottom-right, as FlashAttention's decode (new token i sits at
+  // key kv_len - q_len + i). K and V rows before the first key a sequence's rows see are NaN (prepare()): a kernel
+  // that reads a tile, page or split outside the window fails, not only one that weighs it.
+  auto decode_feature = [&](const std::string& name, AttentionProblem p, std::vector<int> lens, int page_size,
+                            int left, float cap, bool sinks, InputKind kind = InputKind::uniform) {
+    p.window_left = left, p.softcap = cap, p.sinks = sinks;
+    cache("decode features: " + name, p, std::move(lens), page_size, left >= 0 || p.q_len > 1, kind);
+  };
+  decode_feature("window (5, 0) smaller than a page, paged (16), a sequence shorter than the window",
+                 problem(3, 1, 4800, 8, 2, d0), {4800, 1237, 3}, 16, 5, 0.f, false);
+  decode_feature("window (100, 0) starting mid-page, paged (64), several splits", problem(2, 1, 4800, 8, 2, d0),
+                 {4800, 4700}, 64, 100, 0.f, false);
+  decode_feature("window (1000, 0) over several splits, contiguous, sequences of no keys and shorter than it",
+                 problem(4, 1, 6000, 8, 2, d0), {6000, 0, 999, 5000}, 0, 1000, 0.f, false);
+  decode_feature("window (0, 0): each of 4 new tokens sees its own key alone, paged (16)",
+                 problem(2, 4, 320, 8, 2, d0), {320, 130}, 16, 0, 0.f, false);
+  decode_feature("window (3, 0): the last of 4 new tokens sees the new tokens alone, contiguous",
+                 problem(2, 4, 500, 8, 2, d0), {500, 2}, 0, 3, 0.f, false);
+  decode_feature("window (37, 0), 8 new tokens, GQA 32/8 (two row tiles), paged (16)", problem(2, 8, 1024, 32, 8, d0),
+                 {1024, 41}, 16, 37, 0.f, false);
+  decode_feature("window (300, 0) larger than the sequences, 5 new tokens, MQA 8/1, paged (64)",
+                 problem(3, 5, 256, 8, 1, d0), {256, 100, 4}, 64, 300, 0.f, false);
+  decode_feature("cap of 5 saturated by wide scores, several splits, contiguous", problem(3, 1, 3000, 8, 2, d0),
+                 {3000, 1500, 1}, 0, -1, 5.f, false, InputKind::wide_10);
+  decode_feature("cap of 5 with a window (200, 0), 3 new tokens, paged (64)", problem(2, 3, 2048, 8, 2, d0),
+                 {2048, 777}, 64, 200, 5.f, false, InputKind::wide_10);
+  decode_feature("sinks that outweigh the keys, several splits, contiguous", problem(2, 1, 5000, 8, 2, d0),
+                 {5000, 4000}, 0, -1, 0.f, true, InputKind::dominant_sink);
+  decode_feature("sinks that outweigh the keys, 4 new tokens, several splits, paged (16)",
+                 problem(2, 4, 4096, 8, 2, d0), {4096, 3000}, 16, -1, 0.f, true, InputKind::dominant_sink);
+  decode_feature("sinks, random logits, a sequence of no keys (O = 0, LSE = the sink), several splits",
+                 problem(3, 1, 5000, 8, 2, d0), {5000, 0, 3001}, 0, -1, 0.f, true);
+  decode_feature("sinks with a window (64, 0), one split, paged (16)", problem(2, 2, 1024, 8, 2, d0), {1024, 10}, 16,
+                 64, 0.f, true);
+  decode_feature("window (1024, 0), cap of 50 and sinks, GQA 32/8, paged (16)", problem(2, 1, 8192, 32, 8, d0),
+                 {8192, 3000}, 16, 1024, 50.f, true);
+  decode_feature("window (1024, 0), cap of 50 and sinks, 4 new tokens, contiguous", problem(2, 4, 8192, 32, 8, d0),
+                 {8192, 1100}, 0, 1024, 50.f, true);
   for (int d : std::set<int>(head_dims.begin(), head_dims.end())) {
     if (d == d0) continue;
     shape("another head_dim", problem(2, 77, 77, 4, 2, d));
@@ -345,6 +387,16 @@ Prepared prepare(const Case& c, std::uint64_t seed, Pass pass) {
     for (int b = 0; b < p.batch; ++b)
       for (std::int64_t e = at(p, b, p.kv_len_of(b), p.kv_len, p.kv_heads, 0, 0); e < at(p, b + 1, 0, p.kv_len, p.kv_heads, 0, 0); ++e)
         in.k.set(e, NAN), in.v.set(e, NAN);
+
+  // With a window, decode (a KV cache's form: per-sequence lengths or pages) must not read the keys before the
+  // first one its sequence's rows see either (step 59: the splits share the window's keys, not the cache's): NaN.
+  if (p.windowed() && (!p.kv_lens.empty() || p.paged()))
+    for (int b = 0; b < p.batch; ++b) {
+      int first = p.kv_len_of(b);
+      for (int i = 0; i < p.q_len; ++i) first = std::min(first, p.keys_range(b, i).first);
+      for (std::int64_t e = at(p, b, 0, p.kv_len, p.kv_heads, 0, 0); e < at(p, b, first, p.kv_len, p.kv_heads, 0, 0); ++e)
+        in.k.set(e, NAN), in.v.set(e, NAN);
+    }
 
   if (c.kind == InputKind::dominant_sink)
     for (int h = 0; h < p.q_heads; ++h) in.sinks.set(h, 4.0 + std::log(double(p.kv_len)));

@@ -41,6 +41,8 @@ struct Case {
 /// and the KV cache's forms (per-sequence lengths, pages, bottom-right causal: run by the steps that take
 /// them; every count of new tokens 1 .. 8 with and without the mask, sequences of no keys beside long ones, pages
 /// of 1, 4, 12 and 48 keys, every score about -1000; K and V rows past each sequence's length are NaN, prepare());
+/// the models' features in decode (windows about a page, caps of 5, sinks over several splits; K and V rows before
+/// a window's first key NaN too);
 /// at head_dim 64 (or, when `head_dims` lacks 64, its first), and three shapes and two of the cache's
 /// at every other head_dim in `head_dims`; each for every dtype in `dtypes`, causal off and on. Shapes longer
 /// than max_len (> 0) are left out (sanitizer runs).

@@ -114,7 +114,8 @@ TEST_CASE("the decode cases: every count of new tokens, empty sequences, short p
   CHECK(empty_contiguous);
   CHECK(empty_paged);
   for (int size : {1, 4, 12, 48}) CHECK(page_sizes.count(size) == 1);
-  // Every K and V row past a sequence's length is NaN, and only those.
+  // Every K and V row past a sequence's length is NaN, and with a window every row before the first key its rows
+  // see, and only those.
   for (const test::Case& c : cases) {
     const AttentionProblem& p = c.problem;
     if (p.kv_lens.empty() || p.kv_len > 1000) continue;
@@ -126,11 +127,76 @@ TEST_CASE("the decode cases: every count of new tokens, empty sequences, short p
       for (int j = 0; j < p.kv_len; ++j)
         for (std::int64_t e = 0; e < row; ++e) {
           const std::int64_t at = (std::int64_t(b) * p.kv_len + j) * row + e;
-          const bool past = j >= p.kv_len_of(b);
+          const bool past = j >= p.kv_len_of(b) || (p.windowed() && j < p.keys_range(b, 0).first);
           wrong += std::isnan(prep.inputs.k.get(at)) != past || std::isnan(prep.inputs.v.get(at)) != past;
         }
     CHECK(wrong == 0);
   }
+}
+
+TEST_CASE("the decode feature cases: windows about a page, caps of 5, sinks over several splits, run by decode steps "
+          "that take the feature", "[cpu][harness]") {
+  const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64, 128}, 0, Pass::forward);
+  bool small_window = false, mid_page = false, own_key = false, two_row_tiles = false, shorter_than_window = false,
+       cap_5 = false, dominant_sinks_split = false, sink_no_key = false, all_three = false;
+  std::set<int> page_sizes;
+  int count = 0;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (c.name.rfind("decode features: ", 0) != 0) continue;
+    ++count;
+    INFO(c.describe());
+    CHECK_NOTHROW(validate(p));
+    CHECK(!p.kv_lens.empty());  // a cache's form: no forward step without one takes it
+    CHECK((p.windowed() || p.softcap > 0 || p.sinks));
+    if (p.windowed()) CHECK((p.causal && p.causal_align == CausalAlign::bottom_right));
+    // Taken by the decode steps that take the features, and by no other step of the registry.
+    for (const StepInfo& step : all_steps())
+      if (step.supports(p))
+        CHECK((step.cache_forms.max_q_len > 0 && (!p.windowed() || step.features.window) &&
+               (p.softcap == 0 || step.features.softcap) && (!p.sinks || step.features.sinks)));
+    const int longest = *std::max_element(p.kv_lens.begin(), p.kv_lens.end());
+    const int shortest = *std::min_element(p.kv_lens.begin(), p.kv_lens.end());
+    if (p.paged()) page_sizes.insert(p.page_size);
+    if (p.window_left >= 0) {
+      small_window |= p.paged() && p.window_left + 1 < p.page_size;
+      mid_page |= p.paged() && (longest - p.q_len - p.window_left) % p.page_size != 0 && p.window_left > p.page_size;
+      own_key |= p.window_left == 0 && p.q_len > 1;
+      two_row_tiles |= p.group_size() * p.q_len > 16;
+      shorter_than_window |= shortest > 0 && shortest < p.window_left;
+    }
+    cap_5 |= p.softcap == 5.f && c.kind == test::InputKind::wide_10;
+    dominant_sinks_split |= p.sinks && c.kind == test::InputKind::dominant_sink && longest >= 8 * 256;
+    sink_no_key |= p.sinks && shortest == 0;
+    all_three |= p.windowed() && p.softcap > 0 && p.sinks;
+    // Prepared: rows before the window's first key and past the length NaN, the reference finite everywhere (a row
+    // that sees no key: O = 0; its LSE the sink's logit, or -inf without sinks).
+    const test::Prepared prep = test::prepare(c, 59);
+    CHECK(std::all_of(prep.expected.begin(), prep.expected.end(), [](double x) { return std::isfinite(x); }));
+    if (p.windowed()) {
+      const std::int64_t row = std::int64_t(p.kv_heads) * p.head_dim;
+      for (int b = 0; b < p.batch; ++b) {
+        const int first = p.keys_range(b, 0).first;
+        for (int j : {first - 1, first, p.kv_len_of(b) - 1}) {
+          if (j < 0 || j >= p.kv_len_of(b)) continue;
+          CHECK(std::isnan(prep.inputs.k.get((std::int64_t(b) * p.kv_len + j) * row)) == (j < first));
+          CHECK(std::isnan(prep.inputs.v.get((std::int64_t(b) * p.kv_len + j) * row)) == (j < first));
+        }
+      }
+    }
+  }
+  CHECK(count > 0);
+  CHECK(small_window);
+  CHECK(mid_page);
+  CHECK(own_key);
+  CHECK(two_row_tiles);
+  CHECK(shorter_than_window);
+  CHECK(cap_5);
+  CHECK(dominant_sinks_split);
+  CHECK(sink_no_key);
+  CHECK(all_three);
+  CHECK(page_sizes.count(16) == 1);
+  CHECK(page_sizes.count(64) == 1);
 }
 
 TEST_CASE("the packed cases: lengths around a tile, a long one among short, no rows, no keys, the features",

@@ -100,10 +100,10 @@ class Step:
 
     @property
     def part(self) -> str:
+        if self.features:  # before decode: step 59 takes the features in decode, a model-features step
+            return "features"
         if self.decode:
             return "decode"
-        if self.features:
-            return "features"
         if self.backward:
             return "backward"
         if self.arch_specific:

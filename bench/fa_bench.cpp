@@ -684,8 +684,11 @@ int run(int argc, char** argv) {
     for (DType dtype : dtypes)
       for (bool causal : causals) {
         ++index;
-        // A decode shape's mask is aligned bottom-right: with one new token it is no mask at all.
-        const bool timed = !(shape.decode && causal && shape.q_len == 1) && shape.takes(dtype) && ((baseline && shape.forward) ||
+        // A decode shape's mask is aligned bottom-right: with one new token it is no mask at all. A window in decode
+        // is aligned to the new tokens (the mask's bottom-right diagonal), as FlashAttention's decode: masked only.
+        const bool decode_window = shape.decode && window_left >= 0;
+        const bool timed = (decode_window ? causal : !(shape.decode && causal && shape.q_len == 1)) &&
+                           shape.takes(dtype) && ((baseline && shape.forward) ||
             std::any_of(steps.begin(), steps.end(), [&](const StepInfo* s) { return shape.has(s->pass); }));
         if (timed) plan.push_back({&shape, dtype, causal, index});
       }

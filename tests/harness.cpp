@@ -205,7 +205,9 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   auto decode_feature = [&](const std::string& name, AttentionProblem p, std::vector<int> lens, int page_size,
                             int left, float cap, bool sinks, InputKind kind = InputKind::uniform) {
     p.window_left = left, p.softcap = cap, p.sinks = sinks;
+    const std::size_t before = out.size();
     cache("decode features: " + name, p, std::move(lens), page_size, left >= 0 || p.q_len > 1, kind);
+    for (std::size_t i = before; i < out.size(); ++i) out[i].forward_only = true;  // inference has no backward
   };
   decode_feature("window (5, 0) smaller than a page, paged (16), a sequence shorter than the window",
                  problem(3, 1, 4800, 8, 2, d0), {4800, 1237, 3}, 16, 5, 0.f, false);
@@ -328,7 +330,9 @@ std::vector<Case> stress_cases(const std::vector<DType>& dtypes, const std::vect
 
 std::vector<Case> graded_cases(const std::vector<DType>& dtypes, const std::vector<int>& head_dims, int max_len,
                                Pass pass) {
-  std::vector<Case> cases = shape_cases(dtypes, head_dims, max_len);
+  std::vector<Case> cases;
+  for (const Case& c : shape_cases(dtypes, head_dims, max_len))
+    if (pass == Pass::forward || !c.forward_only) cases.push_back(c);
   for (const Case& c : stress_cases(dtypes, head_dims, max_len))
     if (pass == Pass::forward || !(c.kind == InputKind::dominant_key || c.forward_only))
       cases.push_back(c);

@@ -61,12 +61,14 @@ TEST_CASE("the minimum GPU architecture is registry data, refused with both arch
   // before 09 run anywhere, and so do the backward's CUDA-core steps 26 and 27; step 28, the backward on
   // mma.sync, needs sm_80, and steps 29 on sm_90 for their vector reductions; the Hopper backward, steps 38
   // to 41, is built for sm_90a again; the decode steps, 42 to 48, read memory with 16-byte loads on sm_80 and newer;
-  // the model features' steps, from 49, grow from the Hopper steps and are built for sm_90a.
+  // the model features' steps, from 49, grow from the Hopper steps and are built for sm_90a, except step 59, the
+  // features in decode, which grows from step 48.
   for (const StepInfo& step : all_steps()) {
     INFO("step " << step.label());
     const bool cuda_cores = step.id < "09" || step.id == "26" || step.id == "27";
-    const bool hopper = (step.id >= "20" && step.id <= "25") || (step.id >= "38" && step.id <= "41") || step.id >= "49";
-    const bool decode = step.id >= "42" && step.id <= "48";
+    const bool decode = (step.id >= "42" && step.id <= "48") || step.id == "59";
+    const bool hopper =
+        (step.id >= "20" && step.id <= "25") || (step.id >= "38" && step.id <= "41") || (step.id >= "49" && !decode);
     const int expected = decode ? 80 : step.id == "19" || step.id >= "29" || hopper ? 90 : cuda_cores ? 0 : 80;
     CHECK(step.min_arch == expected);
     CHECK(step.arch_specific == hopper);
@@ -93,6 +95,30 @@ TEST_CASE("an unsupported dtype or head_dim is refused with the list the step su
   CHECK_THROWS_WITH(varlen.launch(p, none, nullptr),
                     Contains("step 52") && Contains("head_dim = 256") && Contains("supported: 64, 128"));
   CHECK(select_steps("57").front()->head_dims == std::vector<int>{64, 128, 256});
+}
+
+TEST_CASE("a decode step without the models' features refuses them by name, and step 59 takes them but not a pack",
+          "[cpu][kit]") {
+  const AttentionTensors none{};
+  AttentionProblem p;
+  p.batch = 2, p.q_len = 1, p.kv_len = 256, p.q_heads = 8, p.kv_heads = 2, p.head_dim = 64, p.dtype = DType::f16;
+  p.causal = true, p.causal_align = CausalAlign::bottom_right, p.window_left = 64;
+  CHECK_THROWS_WITH(select_steps("48").front()->launch(p, none, nullptr),
+                    Contains("step 48") && Contains("window = (64, 0)") && Contains("is not supported"));
+  p.window_left = -1, p.softcap = 30.f;
+  CHECK_THROWS_WITH(select_steps("48").front()->launch(p, none, nullptr), Contains("step 48") && Contains("softcap"));
+  const StepInfo& features = *select_steps("59").front();
+  CHECK(features.features.window);
+  CHECK(features.features.softcap);
+  CHECK(features.features.sinks);
+  CHECK(!features.features.varlen);
+  CHECK(features.cache_forms.kv_lens);
+  CHECK(features.cache_forms.paged);
+  CHECK(features.cache_forms.bottom_right);
+  CHECK(features.cache_forms.max_q_len == 8);
+  p.softcap = 0.f, p.causal = false, p.causal_align = CausalAlign::top_left;
+  p.cu_seqlens_q = {0, 1, 2}, p.cu_seqlens_k = {0, 30, 64};
+  CHECK_THROWS_WITH(features.launch(p, none, nullptr), Contains("step 59") && Contains("cu_seqlens = 2 packed"));
 }
 
 TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit]") {

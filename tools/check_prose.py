@@ -159,9 +159,9 @@ def steps_from_sources(root: str) -> list:
         for path in sorted(glob.glob(os.path.join(folder, "*.cu"))):
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-            m = re.search(r"(?:struct|using) Support\b(.*?)(?:\n\};|;\n)", text, re.S)
+            m = re.search(r"struct Support\b(.*?)\n\};|using Support\b(.*?);\n", text, re.S)  # the whole struct
             if m:
-                supports.append((bool(re.search(r"\bLauncher launcher\(\)", text)), m.group(1)))
+                supports.append((bool(re.search(r"\bLauncher launcher\(\)", text)), m.group(1) or m.group(2)))
         if not supports:
             continue
         body = next((b for plain, b in supports if plain), supports[0][1])

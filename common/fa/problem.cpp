@@ -47,7 +47,12 @@ KeyRange AttentionProblem::keys_range(int b, int i) const {
 
 double AttentionProblem::kv_bytes() const {
   double keys = 0;
-  for (int b = 0; b < batch; ++b) keys += kv_len_of(b);
+  // With a window, the keys its rows see together (both ends of a row's keys grow with the row): the rest of the
+  // cache need not be read (step 59 reads none of it).
+  for (int b = 0; b < batch; ++b)
+    keys += !windowed()         ? kv_len_of(b)
+            : q_len_of(b) == 0 ? 0
+                               : std::max(0, keys_range(b, q_len_of(b) - 1).last - keys_range(b, 0).first);
   return 2.0 * keys * kv_heads * head_dim * double(size_of(dtype));
 }
 

@@ -373,9 +373,11 @@ sink_combine_kernel(kit::Heads<T, D> s, const float* __restrict__ partial_o, con
   const int h = blockIdx.x % s.q_heads, i = (blockIdx.x / s.q_heads) % s.q_len, b = blockIdx.x / (s.q_heads * s.q_len);
   const int c = threadIdx.x;
   auto at = [&](int split) { return ((std::int64_t(split) * batch + b) * s.q_len + i) * s.q_heads + h; };
-  const float sink_log2 = sinks[h] * kLog2e;
-  float M = sink_log2;  // finite: every row's sum holds at least the sink's term
+  float M = -INFINITY;
   for (int x = 0; x < splits; ++x) M = fmaxf(M, partial_lse[at(x)]);
+  // The sink joins the row's max and sum once, as a term with no value: M is finite from here on, L at least 2^0.
+  const float sink_log2 = sinks[h] * kLog2e;
+  M = fmaxf(M, sink_log2);
   float L = exp2f(sink_log2 - M), O = 0.f;
   for (int x = 0; x < splits; ++x) {
     const float w = exp2f(partial_lse[at(x)] - M);  // 0 for a split that saw no key of this row

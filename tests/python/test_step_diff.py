@@ -3,7 +3,8 @@
 diffs it against) lies in the step's own part; only the first step of a part may build on a forward step (the part it
 grows from: Hopper's 20 on mma.sync's 18, the backward's 26 on step 01), or start a new kernel ("none", with a
 sentence that says so). A part with steps of both passes (the models' features: 49 on the forward's 25, 52 on the
-backward's 41) has a first step of each pass, and its first backward step may build on a backward step. The parts are tools/check_prose.py's, read from the steps' sources.
+backward's 41) has a first step of each pass, and its first backward step may build on a backward step; likewise its
+first decode step (59, on the decode part's 48). The parts are tools/check_prose.py's, read from the steps' sources.
 
 Plain asserts, no pytest, Python 3 only. First the rule must reject a made-up course whose first decode step
 diffs against the backward step numbered before it (what `tools/step-diff 41` did before the renumbering), then
@@ -21,15 +22,18 @@ import check_prose  # noqa: E402  the one place that knows which part a step bel
 FORWARD = ("cuda-cores", "mma-sync", "hopper")
 
 
-def problems(part_of: dict, base_of: dict, backward_of: dict = None) -> list:
+def problems(part_of: dict, base_of: dict, backward_of: dict = None, decode_of: dict = None) -> list:
     """part_of: step id -> part, in course order; base_of: step id -> the base's id or 'none'; backward_of: step id ->
-    whether it is a backward step (none given: every step the forward's)."""
-    backward_of = backward_of or {}
+    whether it is a backward step (none given: every step the forward's); decode_of: step id -> whether it is a decode
+    step (a features step that decodes, 59, is its part's first decode step and may build on a decode step)."""
+    backward_of, decode_of = backward_of or {}, decode_of or {}
     found, seen = [], set()
     for sid, part in part_of.items():
         backward = backward_of.get(sid, False)
-        first = (part, backward) not in seen  # the part's first step of this pass
-        seen.add((part, backward))
+        decode = decode_of.get(sid, False) and part != "decode"
+        kind = "backward" if backward else "decode" if decode else "forward"
+        first = (part, kind) not in seen  # the part's first step of this pass
+        seen.add((part, kind))
         base = base_of[sid]
         if base == "none":
             if not first:
@@ -43,7 +47,8 @@ def problems(part_of: dict, base_of: dict, backward_of: dict = None) -> list:
         if not first:
             found.append(f"step {sid} ({part}) diffs against step {base} ({base_part}): a step other than its part's "
                          "first must build on a step of its own part")
-        elif base_part not in FORWARD and not (backward and base_part == "backward"):
+        elif base_part not in FORWARD and not (backward and base_part == "backward") and \
+                not (decode and base_part == "decode"):
             found.append(f"step {sid}, the first of {part}, diffs against step {base} ({base_part}): the first step of a "
                          "part builds on a forward step or starts a new kernel (NEW in tools/step-diff)")
     return found
@@ -79,10 +84,16 @@ def main() -> int:
     # A forward step of that part may not build on the backward.
     assert problems(part_of, {"41": "none", "49": "41", "50": "49", "52": "41", "53": "52"}, backward_of)
 
+    # A decode step of that part builds on the decode part; a forward step of it may not.
+    part_of = {"48": "decode", "49": "features", "50": "features", "59": "features"}
+    assert problems(part_of, {"48": "none", "49": "none", "50": "49", "59": "48"}, {}, {"48": True, "59": True}) == []
+    assert problems(part_of, {"48": "none", "49": "none", "50": "48", "59": "48"}, {}, {"48": True, "59": True})
+
     # The real tree.
     steps = check_prose.steps_from_sources(REPO)
     part_of = {s.id: s.part for s in steps}
     backward_of = {s.id: s.backward for s in steps}
+    decode_of = {s.id: s.decode for s in steps}
     base_of = {}
     for s in steps:
         got = step_diff(s.id, "--base")
@@ -91,7 +102,7 @@ def main() -> int:
         if base_of[s.id] == "none" and s.id != steps[0].id:
             said = step_diff(s.id)
             assert said.returncode == 0 and "starts a new kernel" in said.stdout, (s.id, said.stdout, said.stderr)
-    found = problems(part_of, base_of, backward_of)
+    found = problems(part_of, base_of, backward_of, decode_of)
     for p in found:
         print(p)
     print(f"{len(steps)} steps, {sum(b == 'none' for b in base_of.values())} starting a new kernel: "

@@ -123,7 +123,8 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     }
 
   // The keys each row of the block sees, [first, last) (the window, the mask and the length; none for a padding row),
-  // in shared memory: a lane's registers hold Q, O and the page walk, and four more ranges would spill at d = 128.
+  // in shared memory: a lane's registers hold Q, O and the page walk, and its rows' window starts beside their ends
+  // would spill at d = 128 with two row tiles.
   __shared__ int sm_first[kRows], sm_last[kRows];
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const KeyRange keys = holds(r) ? keys_of(token_of(r)) : KeyRange{};

@@ -81,6 +81,15 @@ message = refusal(fa_course.forward, "46", q1, pool, pool, np.zeros_like(out1),
                   page_table=np.array([[0, 1], [2, 3]], np.int32))
 assert message.startswith(NOT_ON_GPU) or message.startswith("step 46 needs a workspace of"), message
 
+# -- The models' features in decode (step 59): step 48, the kernel it grows from, refuses a window by name; step 59
+# takes a window, a cap and sinks over the paged cache (the call reaches the GPU check, or with one the workspace's).
+paged = dict(page_table=np.array([[0, 1], [2, 3]], np.int32), causal=True, causal_align="bottom-right")
+message = refusal(fa_course.forward, "48", q1, pool, pool, np.zeros_like(out1), window_left=16, window_right=0, **paged)
+assert "step 48: window = (16, 0) is not supported" in message, message
+message = refusal(fa_course.forward, "59", q1, pool, pool, np.zeros_like(out1), window_left=16, window_right=0,
+                  softcap=30.0, sinks=np.zeros(HQ, np.float32), **paged)
+assert message.startswith(NOT_ON_GPU) or message.startswith("step 59 needs a workspace of"), message
+
 # -- Backward (step 27, whose workspace, the float dQ and D, needs no GPU to size).
 need = (q.size + lse.size) * 4
 assert fa_course.steps()[[s["label"] for s in fa_course.steps()].index("27")]["needs_workspace"]
@@ -127,5 +136,5 @@ message = refusal(fa_course.forward, "57", q256, kv256, kv256, np.zeros_like(q25
 assert message.startswith(NOT_ON_GPU), message
 
 assert callable(fa_course.check)
-print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU, and "
-      "head_dim 256 where the step does not take it")
+print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU, "
+      "head_dim 256 where the step does not take it, and a window in decode before step 59")

@@ -86,10 +86,12 @@ def _choose(call: str, problem: Problem, device, needs_grad: bool) -> tuple[str,
 
 
 def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu_seqlens_q=None, cu_seqlens_k=None,
-               max_seqlen_q=None, max_seqlen_k=None, dropout_p=0.0, alibi_slopes=None, deterministic=False,
-               return_attn_probs=False, block_table=None):
-    """The one path of every call but the KV cache's: refusals, the problem, the steps, autograd."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+               dropout_p=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+               sinks=None):
+    """The one path of every call but the KV cache's: refusals, the problem, the steps, autograd. sinks (a logit a
+    query head, FlashAttention-3's and gpt-oss's attention sinks; fa_course.transformers passes them) are taken
+    as float32 [Hq] and differentiated."""
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     refuse_unimplemented(dropout_p, alibi_slopes, deterministic, needs_grad, block_table=block_table)
     _check_tensors(call, q, k, v)
     left, right = window_of(window_size, causal)
@@ -104,39 +106,43 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
         unequal = q_len != kv_len
     windowed = left >= 0 or right >= 0
     problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q_len, kv_len, causal=bool(causal),
-                      bottom_right=unequal, window=windowed, softcap=bool(softcap), varlen=varlen)
+                      bottom_right=unequal, window=windowed, softcap=bool(softcap), sinks=sinks is not None,
+                      varlen=varlen)
     forward_step, backward_step = _choose(call, problem, q.device, needs_grad)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     features = dict(window_size=(left, right), softcap=float(softcap or 0.0), cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_k=cu_seqlens_k)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    sinks = None if sinks is None else sinks.float().contiguous()
     if backward_step is None:
         with torch.no_grad():
-            out, lse = _course.forward(forward_step, q, k, v, causal=bool(causal), scale=scale, **features)
+            out, lse = _course.forward(forward_step, q, k, v, causal=bool(causal), scale=scale, sinks=sinks,
+                                       **features)
     else:  # the LSE from the same forward the gradient goes through
-        out, lse = _WithLse.apply(q, k, v, forward_step, backward_step, bool(causal), scale, features)
+        out, lse = _WithLse.apply(q, k, v, sinks, forward_step, backward_step, bool(causal), scale, features)
     return (out, lse, None) if return_attn_probs else out
 
 
 class _WithLse(torch.autograd.Function):
-    """O and its LSE through a forward step, the gradients of q, k, v through a backward step (the LSE is not
-    differentiated, as FlashAttention's is not)."""
+    """O and its LSE through a forward step, the gradients of q, k, v (and of the sinks, with sinks) through a
+    backward step (the LSE is not differentiated, as FlashAttention's is not)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, forward_step, backward_step, causal, scale, features):
-        out, lse = _course.forward(forward_step, q, k, v, causal=causal, scale=scale, **features)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sinks, forward_step, backward_step, causal, scale, features):
+        out, lse = _course.forward(forward_step, q, k, v, causal=causal, scale=scale, sinks=sinks, **features)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.args = (backward_step, causal, scale, features)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         backward_step, causal, scale, features = ctx.args
-        dq, dk, dv = _course.backward(backward_step, q, k, v, out, lse, d_out, causal=causal, scale=scale,
-                                      **features)[:3]
-        return dq, dk, dv, None, None, None, None, None
+        grads = _course.backward(backward_step, q, k, v, out, lse, d_out, causal=causal, scale=scale, sinks=sinks,
+                                 **features)
+        dsinks = grads[3] if sinks is not None else None
+        return grads[0], grads[1], grads[2], dsinks, None, None, None, None, None
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,

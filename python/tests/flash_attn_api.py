@@ -6,7 +6,6 @@ embeddings), the padding helpers, the refusals by name, and the chosen steps. Ne
 
     PYTHONPATH=build/python python3 python/tests/flash_attn_api.py
 """
-import math
 import sys
 
 import torch
@@ -20,6 +19,7 @@ from fa_course.flash_attn import (Refusal, flash_attn_func, flash_attn_kvpacked_
                                   last_choice)
 from fa_course.flash_attn.bert_padding import pad_input, unpad_input
 from fa_course.flash_attn.layers.rotary import apply_rotary_emb
+from attention_reference import reference as _reference  # beside this script
 
 dev = "cuda"
 hopper = torch.cuda.get_device_capability() == (9, 0)
@@ -27,32 +27,9 @@ failures = []
 
 
 def reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, upcast=True):
-    """O and LSE of q [B, Nq, Hq, d], k and v [B, Nkv, Hkv, d] as FlashAttention defines them: the diagonal at the
-    bottom right (row i's is i + Nkv - Nq), a window (left, right) around it, causal its right side 0, the cap after
-    the scale. A row that sees no key: O = 0."""
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
-    group = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    s = torch.einsum("bthd,bshd->bhts", q * (1 / math.sqrt(q.shape[-1])), k)
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    n_q, n_k = q.shape[1], k.shape[1]
-    diag = torch.arange(n_q, device=q.device)[:, None] + n_k - n_q
-    j = torch.arange(n_k, device=q.device)[None, :]
-    seen = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
-    left, right = window
-    if causal:
-        right = 0
-    if left >= 0:
-        seen &= j >= diag - left
-    if right >= 0:
-        seen &= j <= diag + right
-    s = s.masked_fill(~seen, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhts,bshd->bthd", p.to(v.dtype), v).to(dtype), lse
+    """O and LSE as FlashAttention defines them: the diagonal at the bottom right (row i's at i + Nkv - Nq)."""
+    return _reference(q, k, v, causal=causal, window=window, softcap=softcap, upcast=upcast, bottom_right=True,
+                      with_lse=True)
 
 
 def within_rule(name, got, ref32, ref_dtype):

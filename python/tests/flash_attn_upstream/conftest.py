@@ -38,14 +38,18 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """A refusal by name is a skip, its message the reason (in the process that ran the test)."""
     outcome = yield
     report = outcome.get_result()
     if call.excinfo is not None and call.excinfo.errisinstance(_shim.Refusal):
-        reason = str(call.excinfo.value)
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: fa_course refuses: " + reason)
+        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: fa_course refuses: " + str(call.excinfo.value))
+
+
+def pytest_runtest_logreport(report):
+    """Counted where the reports gather (the controller under pytest-xdist's -n, else this process)."""
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        function = item.originalname or item.name
+        function = report.nodeid.split("::")[-1].split("[")[0]
         _counts[function][report.outcome] += 1
         if report.outcome == "skipped":
             text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -54,7 +58,7 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--counts")
-    if not path:
+    if not path or hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
         return
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")

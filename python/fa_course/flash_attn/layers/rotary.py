@@ -30,7 +30,9 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"apply_rotary_emb: rotary_dim {rotary_dim} (2 x cos's last dimension) is larger than the "
                          f"head dimension {x.shape[-1]}")
-    pos = _positions(x, seqlen_offsets, cu_seqlens)
+    # FlashAttention asks cos and sin to cover every position; one past them takes their last row here rather than
+    # index outside them on the GPU (which would end the process's CUDA context).
+    pos = _positions(x, seqlen_offsets, cu_seqlens).clamp(0, cos.shape[0] - 1)
     c = cos.float()[pos].unsqueeze(-2)  # [..., 1, rotary_dim / 2], broadcast over heads
     s = sin.float()[pos].unsqueeze(-2)
     xr = x[..., :rotary_dim].float()

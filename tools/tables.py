@@ -244,13 +244,14 @@ def rounds(rows, steps, head_dim=None) -> str:
     return "\n".join(lines)
 
 
-def features(rows, steps=()) -> str:
+def features(rows, steps=(), pass_="forward") -> str:
     """The model features' table (issue 58's bars), from bench/hopper_rounds.sh's rounds with FA_ROUND_FEATURES:
-    per configuration and feature (the suite's suffix after round<k>: -window<L>_<R>, -softcap<C>, -sinks), the
-    median ms over the rounds of each listed step (default every course step in the rows) with the feature, of the
-    same step without it (suite round<k>), and of FlashAttention-4 with it; then with / without (> 1: the feature
-    made it faster) and FA4 / step (> 1: the step is faster)."""
-    picked = [r for r in rows if re.fullmatch(r"round\d+(-.+)?", r["suite"]) and r.get("pass", "forward") == "forward"]
+    per configuration and feature (the suite's suffix after round<k>: -window<L>_<R>, -softcap<C>, -sinks,
+    -varlen<n>_<tokens>), the median ms over the rounds of each listed step (default every course step in the rows)
+    with the feature, of the same step without it (suite round<k>), and of FlashAttention-4 with it; then with /
+    without (> 1: the feature made it faster) and FA4 / step (> 1: the step is faster). One pass a table: the
+    forward's rows, or the backward's (pass_)."""
+    picked = [r for r in rows if re.fullmatch(r"round\d+(-.+)?", r["suite"]) and r.get("pass", "forward") == pass_]
 
     def feature(r):
         return r["suite"].split("-", 1)[1] if "-" in r["suite"] else ""
@@ -275,8 +276,11 @@ def features(rows, steps=()) -> str:
                          f"{_fmt(ms, 4)} | {_fmt(without, 4) if without else '–'} | "
                          f"{_fmt(without / ms) if without else '–'} | {_fmt(fa4, 4) if fa4 else '–'} | "
                          f"{_fmt(fa4 / ms) if fa4 else '–'} |")
-    n_rounds = len({r["suite"].split("-", 1)[0] for r in picked})
-    lines.append(f"\nms, medians of {n_rounds} alternating rounds (steps, then peers, per shape and feature).")
+    # The rounds a median is of; where a part of a run was cut short, its rows have fewer, and the table says so.
+    counts = sorted({len(samples[k]) for k in samples})
+    n_rounds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    lines.append(f"\n{'The backward: ' if pass_ == 'backward' else ''}ms, medians of {n_rounds} alternating rounds "
+                 "(steps, then peers, per shape and feature).")
     return "\n".join(lines)
 
 
@@ -295,8 +299,11 @@ def backward(rows, steps=(), head_dim=None, suite=None) -> str:
     FLOPs / t) of each listed backward step (default: every one in the rows) and of each peer, medians over the
     rows of that configuration (the rounds of bench/hopper_rounds.sh, or repeated runs), then the fastest listed
     step and each peer's time over its time (> 1: the step is faster), from the medians."""
+    # A feature's rounds (suite round<k>-<feature>) share their configuration with the rounds without it: they
+    # are the features table's (features(..., pass_="backward")), not this one's.
     picked = [r for r in plots.select(rows, **{"pass": "backward"})
-              if (head_dim is None or r["head_dim"] == head_dim) and (suite is None or r["suite"] == suite)]
+              if (head_dim is None or r["head_dim"] == head_dim) and (suite is None or r["suite"] == suite)
+              and not re.fullmatch(r"round\d+-.+", r["suite"])]
     peers = library_peers(picked)
 
     def name(r):
@@ -651,7 +658,8 @@ def main(argv=None) -> int:
     parser.add_argument("--causal", default="0,1", help="0, 1 or both (0,1)")
     parser.add_argument("--head-dim", type=int, default=None)
     parser.add_argument("--pass", dest="pass_", default="forward", choices=["forward", "backward"],
-                        help="the rows every table but backward reads (default forward)")
+                        help="the rows every table but backward's, decode's, pages' and roofline's reads (default "
+                        "forward)")
     args = parser.parse_args(argv)
     paths = args.csv or sorted(glob.glob(os.path.join(plots.REPO, "docs", "results", "*.csv")))
 
@@ -681,7 +689,7 @@ def main(argv=None) -> int:
         print(roofline(plots.load(paths), steps))
         return 0
     if args.table == "features":
-        print(features(plots.load(paths), steps))
+        print(features(plots.load(paths), steps, args.pass_))
         return 0
     rows = load(paths)
     if args.table == "times":

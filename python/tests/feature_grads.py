@@ -21,39 +21,7 @@ if __name__ == "__main__" and (not torch.cuda.is_available() or torch.cuda.get_d
 
 import fa_course
 import fa_course.torch as fat
-
-
-def reference(q, k, v, *, causal, window, softcap, sinks, upcast=True):
-    """O of q [B, Nq, Hq, d], k and v [B, Nkv, Hkv, d] with the course's features: the window (left, right) and the
-    causal mask top-left (row i sees keys i - left .. min(i + right, i if causal)), the cap c tanh(s / c) after the
-    scale, and a sink logit a head in every row's denominator. In float32 when upcast; else in the inputs' dtype with
-    the scale applied to q first (PyTorch's own attention, the error the rule measures)."""
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
-        sinks = None if sinks is None else sinks.float()
-    group = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bthd,bshd->bhts", q * (1 / math.sqrt(q.shape[-1])), k)
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    n_q, n_k = q.shape[1], k.shape[1]
-    i = torch.arange(n_q, device=q.device)[:, None]
-    j = torch.arange(n_k, device=q.device)[None, :]
-    seen = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
-    if window[0] >= 0:
-        seen &= j >= i - window[0]
-    if window[1] >= 0:
-        seen &= j <= i + window[1]
-    if causal:
-        seen &= j <= i
-    scores = scores.masked_fill(~seen, float("-inf"))
-    if sinks is not None:  # one more column, the sink's logit, with no value
-        sink_column = sinks.to(scores.dtype)[None, :, None, None].expand(scores.shape[0], -1, n_q, 1)
-        p = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :n_k]
-    else:
-        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row that sees no key: O = 0
-    return torch.einsum("bhts,bshd->bthd", p.to(v.dtype), v).to(dtype)
+from attention_reference import reference  # beside this script
 
 
 def last_step(pass_, feature_names):

@@ -73,4 +73,27 @@ with tempfile.TemporaryDirectory() as folder:
     line = next(t for t in plain.splitlines() if t.startswith("| 128 |"))
     tflops = [r["tflops"] for r in rows if r["suite"] in ("round1", "round2") and r["step"] == "49"]
     assert f"{tables._median(tflops):.1f}"[:3] in line, (plain, tflops)
-print("features' rounds: merged by feature, table against none and FA4, rounds table without features")
+
+    # The backward's rounds: its features table (pass_="backward") reads only the backward's rows, and the backward
+    # table leaves a feature's rounds out (they share its configuration) and counts rounds, not suites.
+    def backward_row(step, ms, suite):
+        return sdpa_peers.peer_row(step, "bf16", shape, True, suite, "GPU", ms, ms, ms, 30, 0, 1e-3, 1e-3, "backward")
+    with open(out, "a", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerows(backward_row(*r) for r in
+                         [("53", 5.3, "round1"), ("53", 5.4, "round2"), ("53", 0.90, "round1-window1024_0"),
+                          ("53", 0.92, "round2-window1024_0"), ("fa4", 0.80, "round1-window1024_0"),
+                          ("fa4", 0.82, "round2-window1024_0")])
+    rows = plots.load([out])
+    assert "| 49 |" in tables.features(rows) and "| 53 |" not in tables.features(rows)
+    table = tables.features(rows, pass_="backward")
+    line = next(t for t in table.splitlines() if "| 53 |" in t)
+    parts = [c.strip() for c in line.strip("|").split("|")]
+    assert parts[0] == "window1024_0" and abs(float(parts[6]) - 0.91) < 1e-6 and abs(float(parts[7]) - 5.35) < 1e-6
+    assert abs(float(parts[10]) - 0.81 / 0.91) < 0.01 and "| 49 |" not in table, table
+    assert table.rstrip().endswith("(steps, then peers, per shape and feature).") and "medians of 2" in table, table
+    plain = tables.backward(rows, ["53"])
+    line = next(t for t in plain.splitlines() if t.startswith("| 128 |"))
+    assert "| 5.35 |" in line and "medians of 2 alternating rounds" in plain, plain
+print("features' rounds: merged by feature, table against none and FA4, rounds table without features; the "
+      "backward's features apart from its plain rounds")

@@ -1,0 +1,1 @@
+"""FlashAttention's layers the course's shim carries: rotary embeddings."""

@@ -265,6 +265,9 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     all.window_left = 64, all.softcap = 30.f, all.sinks = true;
     pack("another head_dim: a window (64, 0), a cap of 30 and sinks, more keys than rows", all, {300, 1, 129},
          {300, 1, 200});
+    // Step 58's backward at 256 takes K/V tiles of 64 keys: lengths about one and two of them.
+    pack("another head_dim: lengths 63, 64, 65, 128, 129, GQA 8/2", problem(1, 1, 1, 8, 2, d), {63, 64, 65, 128, 129},
+         {65, 63, 129, 64, 128});
   }
   // Only the head_dims asked for.
   out.erase(std::remove_if(out.begin(), out.end(),

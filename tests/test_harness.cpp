@@ -287,6 +287,7 @@ TEST_CASE("head_dim 256's cases: odd lengths, q_len != kv_len, GQA, causal, each
     CHECK(std::all_of(prep.expected.begin(), prep.expected.end(), [](double x) { return std::isfinite(x); }));
   }
   for (int len : {1, 77, 79, 80, 81, 161, 300}) CHECK(lengths.count(len) == 1);
+  for (int len : {63, 64, 65, 128, 129}) CHECK(lengths.count(len) == 1);  // about step 58's 64-key tiles
   CHECK(smallest);
   CHECK(q_not_kv);
   CHECK(gqa);
@@ -294,6 +295,30 @@ TEST_CASE("head_dim 256's cases: odd lengths, q_len != kv_len, GQA, causal, each
   CHECK(small_window);
   CHECK(saturating_cap);
   CHECK(sinks);
+  CHECK(pack);
+  CHECK(all_features_packed);
+}
+
+TEST_CASE("head_dim 256's cases reach the backward (step 58): packs about 64-key tiles, gradients finite in float64",
+          "[cpu][harness]") {
+  const std::vector<test::Case> cases = test::graded_cases({DType::bf16}, {64, 128, 256}, 0, Pass::backward);
+  int at_256 = 0;
+  bool pack = false, all_features_packed = false;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (p.head_dim != 256) continue;
+    INFO(c.describe());
+    ++at_256;
+    pack |= p.varlen();
+    all_features_packed |= p.varlen() && p.windowed() && p.softcap > 0 && p.sinks;
+    if (p.q_elements() > 300 * 8 * 256 || p.kv_len > 1000 || !p.kv_lens.empty()) continue;
+    const test::Prepared prep = test::prepare(c, 58, Pass::backward);
+    REQUIRE(prep.backward);
+    REQUIRE(std::int64_t(prep.expected_dq.size()) == p.q_elements());
+    for (const std::vector<double>* g : {&prep.expected_dq, &prep.expected_dk, &prep.expected_dv})
+      CHECK(std::all_of(g->begin(), g->end(), [](double x) { return std::isfinite(x); }));
+  }
+  CHECK(at_256 > 0);
   CHECK(pack);
   CHECK(all_features_packed);
 }

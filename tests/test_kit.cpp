@@ -95,6 +95,14 @@ TEST_CASE("an unsupported dtype or head_dim is refused with the list the step su
   CHECK_THROWS_WITH(varlen.launch(p, none, nullptr),
                     Contains("step 52") && Contains("head_dim = 256") && Contains("supported: 64, 128"));
   CHECK(select_steps("57").front()->head_dims == std::vector<int>{64, 128, 256});
+  // The backward at 256: step 58 takes it, step 56, the backward it grows from, refuses it by name before any launch.
+  const StepInfo& varlen_backward = *select_steps("56").front();
+  CHECK_THROWS_WITH(varlen_backward.launch(p, none, nullptr),
+                    Contains("step 56") && Contains("head_dim = 256") && Contains("supported: 64, 128"));
+  CHECK(select_steps("58").front()->head_dims == std::vector<int>{64, 128, 256});
+  p.head_dim = 192;
+  CHECK_THROWS_WITH(select_steps("58").front()->launch(p, none, nullptr),
+                    Contains("step 58") && Contains("head_dim = 192") && Contains("supported: 64, 128, 256"));
 }
 
 TEST_CASE("a decode step without the models' features refuses them by name, and step 59 takes them but not a pack",

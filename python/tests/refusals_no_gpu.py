@@ -134,6 +134,21 @@ message = refusal(fa_course.forward, "52", q256, kv256, kv256, np.zeros_like(q25
 assert "head_dim = 256 is not supported" in message and "supported: 64, 128" in message, message
 message = refusal(fa_course.forward, "57", q256, kv256, kv256, np.zeros_like(q256), workspace=aligned(64))
 assert message.startswith(NOT_ON_GPU), message
+# The backward at 256: step 56 refuses it by name, step 58's call (its workspace the float dQ and D) reaches the GPU
+# check.
+lse256 = np.zeros((B, HQ, N), np.float32)
+
+
+def backward_256(step):
+    return refusal(fa_course.backward, step, q256, kv256, kv256, np.zeros_like(q256), lse256, np.zeros_like(q256),
+                   np.zeros_like(q256), np.zeros_like(kv256), np.zeros_like(kv256),
+                   workspace=aligned((q256.size + lse256.size) * 4))
+
+
+message = backward_256("56")
+assert "head_dim = 256 is not supported" in message and "supported: 64, 128" in message, message
+message = backward_256("58")
+assert message.startswith(NOT_ON_GPU), message
 
 assert callable(fa_course.check)
 print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU, "

@@ -184,6 +184,7 @@ struct Pack {
   const int* cu_q;  ///< the pack's offsets of query rows, [batch + 1]
   const int* cu_k;  ///< the pack's offsets of keys, [batch + 1]
 
+  /// Sequence b's first virtual tile: b + cu_k[b] / Bc.
   __device__ int tile_start(int b) const { return b + cu_k[b] / Bc; }
   /// Virtual tile x's sequence (a binary search over tile_start) and place in it.
   __device__ KVTile tile(int x) const {

@@ -10,8 +10,10 @@ right, so a decoding step's one new token sees the whole cache through a decode 
 transformers hands an attention function: `scaling`, `sliding_window` (transformers counts the row's own key in
 it: keys j with i - sliding_window < j <= i, FlashAttention's window_size (sliding_window - 1, 0)), `softcap`
 (Gemma 2) and `s_aux` (gpt-oss's sinks, a logit a head, differentiated). The mask is FlashAttention's kind
-(transformers' flash_attention_mask): None without padding. A padded batch (a 2D mask with a zero) is refused by
-name, as are dropout and attention weights (`output_attentions`), before any GPU work.
+(transformers' flash_attention_mask): None without padding, else [B, kv_len] with zeros at the padding; a padded
+batch runs as a pack (FlashAttention's varlen, as transformers' own flash-attention path does): the tokens unpadded,
+each sequence's queries over its own keys, the output padded back with zeros. Dropout and attention weights
+(`output_attentions`) are refused by name before any GPU work.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
+from .flash_attn.bert_padding import pad_input, unpad_input
 from .flash_attn.choose import Refusal
 from .flash_attn.flash_attn_interface import _attention
 
@@ -33,16 +36,23 @@ def fa_course_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     layout) -> (output [B, Nq, Hq, d], None)."""
     if kwargs.get("output_attentions"):
         raise Refusal("fa_course.transformers: output_attentions: the course's steps never form the attention weights")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise Refusal("fa_course.transformers: a padded batch (an attention mask with zeros): the course's path "
-                      "takes batches of one length (pass the sequences unpadded, or one at a time)")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (sliding_window - 1, -1) if sliding_window else (-1, -1)
-    out = _attention("transformers attention", query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                     softmax_scale=scaling, causal=bool(causal),
-                     window_size=window, softcap=softcap or 0.0, dropout_p=dropout if module.training else 0.0,
-                     sinks=s_aux)
-    return out, None
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    features = dict(softmax_scale=scaling, causal=bool(causal), window_size=window, softcap=softcap or 0.0,
+                    dropout_p=dropout if module.training else 0.0, sinks=s_aux)
+    if attention_mask is None or bool(attention_mask.all()):
+        return _attention("transformers attention", q, k, v, **features), None
+    # A padded batch: keys where the mask says (its last kv_len columns), queries where its last q_len columns say.
+    batch, q_len = q.shape[0], q.shape[1]
+    key_mask = attention_mask[:, -k.shape[1]:].bool()
+    query_mask = key_mask[:, -q_len:]
+    q_packed, q_index, cu_q, _, _ = unpad_input(q, query_mask)
+    k_packed, _, cu_k, _, _ = unpad_input(k, key_mask)
+    v_packed = unpad_input(v, key_mask)[0]
+    out = _attention("transformers attention (padded)", q_packed, k_packed, v_packed, cu_seqlens_q=cu_q,
+                     cu_seqlens_k=cu_k, **features)
+    return pad_input(out, q_index, batch, q_len), None
 
 
 AttentionInterface.register(NAME, fa_course_attention)

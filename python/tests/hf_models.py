@@ -58,6 +58,17 @@ def rule(name, got, ref32, own):
     return err, bound
 
 
+def parting(ours, theirs, new_from, tie):
+    """Where two greedy generations part: None if they do not, else (the new token's index, SDPA's smallest top-two
+    gap there); a part at a gap of at least `tie` is a failure, below it a near-tie."""
+    parted = (ours.sequences != theirs.sequences).any(dim=0).nonzero()
+    if not len(parted):
+        return None
+    t = int(parted[0]) - new_from
+    top2 = theirs.logits[t].float().topk(2, dim=-1).values
+    return t, (top2[:, 0] - top2[:, 1]).min().item()
+
+
 def train_step(model, ids):
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=ids).loss
@@ -88,11 +99,16 @@ def main() -> int:
             kwargs = dict(max_new_tokens=24, do_sample=False, return_dict_in_generate=True, output_logits=True)
             ours = course.generate(prompt, **kwargs)
             decode_choice = last_choice()
+            # Prompts of different lengths, left-padded (the padded batch runs as a pack).
+            padded, mask = prompt.clone(), torch.ones_like(prompt)
+            padded[0, :5], mask[0, :5] = 0, 0
+            ours_padded = course.generate(padded, attention_mask=mask, **kwargs)
         except Refusal as e:
             skipped.append(f"{name}: skipped, the course refuses: {e}")
             print(skipped[-1])
             continue
         theirs = sdpa.generate(prompt, **kwargs)
+        theirs_padded = sdpa.generate(padded, attention_mask=mask, **kwargs)
         err, bound = rule("loss", loss, loss32, loss_sdpa)
         worst = (err / bound if bound else float("inf"), "loss", err, bound)
         for param, g32 in grads32.items():
@@ -100,18 +116,17 @@ def main() -> int:
             worst = max(worst, (e / b if b else float("inf"), param, e, b))
         if worst[0] > 1:
             failures.append(f"{name}: {worst[1]}'s error {worst[2]:.3g} > bound {worst[3]:.3g}")
-        a, b = ours.sequences, theirs.sequences
-        parted = (a != b).any(dim=0).nonzero()
-        tokens = "the same greedy tokens"
-        if len(parted):
-            t = int(parted[0]) - prompt.shape[1]  # the first new token where some row parts
-            logits = theirs.logits[t].float()
-            top2 = logits.topk(2, dim=-1).values
-            gap = (top2[:, 0] - top2[:, 1]).min().item()
-            tokens = f"tokens part at new token {t}, SDPA's top-two gap {gap:.3f}"
-            if gap >= args.tie:
-                failures.append(f"{name}: greedy tokens part at new token {t} where SDPA's top two are {gap:.3f} "
-                                f"apart (a near-tie is below {args.tie})")
+        tokens = []
+        for label, (x, y) in (("unpadded", (ours, theirs)), ("left-padded", (ours_padded, theirs_padded))):
+            where = parting(x, y, prompt.shape[1], args.tie)
+            if where is None:
+                tokens.append(f"{label}: SDPA's greedy tokens")
+                continue
+            tokens.append(f"{label}: tokens part at new token {where[0]}, SDPA's top-two gap {where[1]:.3f}")
+            if where[1] >= args.tie:
+                failures.append(f"{name}, {label}: greedy tokens part at new token {where[0]} where SDPA's top two "
+                                f"are {where[1]:.3f} apart (a near-tie is below {args.tie})")
+        tokens = "; ".join(tokens)
         print(f"{name}: loss {loss.item():.5f} (SDPA {loss_sdpa.item():.5f}, float32 eager {loss32.item():.5f}); "
               f"worst of loss and {len(grads32)} gradients {worst[0]:.2f} of FlashAttention's bound ({worst[1]}); "
               f"{tokens}; training through forward {train_choice['forward']} / backward {train_choice['backward']}, "

@@ -12,7 +12,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import fa_course  # noqa: E402
 from fa_course.flash_attn import Refusal  # noqa: E402  (no PyTorch: the package loads its API lazily)
-from fa_course.flash_attn.choose import Problem, choose, refuse_unimplemented, runs_on, window_of  # noqa: E402
+from fa_course.flash_attn.choose import (Problem, choose, refuse_unimplemented, runs_on, window_of,  # noqa: E402
+                                         windowed)
 
 assert "torch" not in sys.modules, "fa_course.flash_attn.choose must not need PyTorch"
 steps = fa_course.steps()
@@ -92,6 +93,9 @@ decode = chosen(forward(q=1, kv=8192, cache=True), HOPPER)
 assert by_label[decode]["kv_lens"] and by_label[decode]["max_q_len"] >= 1
 assert chosen(forward(q=4, kv=8192, cache=True, paged=True, causal=True, bottom_right=True), AMPERE) == \
     max(str(i) for i in ids("forward", paged=True, bottom_right=True))
+# Without a cache too, few new tokens go to a decode step first (on Hopper as on Ampere); nine do not.
+assert by_label[chosen(forward(q=1, kv=8192), HOPPER)]["max_q_len"] >= 1
+assert by_label[chosen(forward(q=9, kv=8192), HOPPER)]["max_q_len"] == 0
 message = refused(forward(q=9, kv=8192, cache=True), HOPPER)
 assert "at most" in message or "9 new tokens" in message, message
 
@@ -125,5 +129,8 @@ refuse_unimplemented(dropout_p=0.0, alibi_slopes=None, cache_batch_idx=None)
 # FlashAttention's window_size: -1 (or any negative) an open side; causal makes the right side 0.
 assert window_of((-1, -1), False) == (-1, -1) and window_of((128, -1), True) == (128, 0)
 assert window_of((16, 3), False) == (16, 3) and window_of((-5, 7), True) == (-1, 0)
+# Causal alone is no window (the steps without one take it); a left side, or a right side without causal, is one.
+assert not windowed(*window_of((-1, -1), True), True) and windowed(*window_of((128, -1), True), True)
+assert windowed(-1, 5, False) and not windowed(-1, -1, False)
 print(f"fa_course.flash_attn chooses: Hopper forward {hopper_forward} (d = 256: {d256}), backward {hopper_backward}, "
       f"decode {decode}; Ampere 18 and 28; refusals named")

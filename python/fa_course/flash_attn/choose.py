@@ -6,7 +6,7 @@ compute capability, and runs the step it gets back, or raises the `Refusal` it g
 
 The rule: among the steps of the call's pass that take every need of the problem (dtype, head_dim, the mask's
 alignment, a window, a soft-cap, sinks, a pack, a cache and its pages, the number of new tokens) and run on this GPU,
-the highest-numbered one. Within a part each step is the one before it with one change that made it faster on the
+the highest-numbered one, a decode step first where the new tokens are few enough for one. Within a part each step is the one before it with one change that made it faster on the
 GPU it targets (the parts' tables in the README measure it), and the later parts grow from the fastest step of the
 earlier ones, so the highest-numbered step that takes a problem is the course's fastest for it: step 52 (or 57) for
 a Hopper forward, 56 for its backward, 48 for a decode of at most 8 new tokens on a cache, 18 for an Ampere forward.
@@ -104,7 +104,10 @@ def choose(steps: list[dict], p: Problem, capability: tuple[int, int], call: str
     """The label of the highest-numbered step (no variant) that takes `p` on a GPU of `capability`; else Refusal,
     naming the problem's needs and, for each need some step of the pass meets, which steps meet it."""
     plain = [s for s in steps if not s["variant"] and s["pass"] == p.pass_]
-    for step in sorted(plain, key=lambda s: int(s["id"]), reverse=True):
+    # Few enough new tokens for a decode step: the decode steps first (their split of the keys reads a long cache
+    # at the memory's speed, where a prefill tile of 64 or 128 rows would hold one); then by number.
+    for step in sorted(plain, key=lambda s: (bool(s["max_q_len"]) and p.q_len <= s["max_q_len"], int(s["id"])),
+                       reverse=True):
         if why_not(step, p, capability) is None:
             return step["label"]
     gpu = f"sm_{capability[0]}{capability[1]}"
@@ -148,3 +151,9 @@ def window_of(window_size, causal: bool) -> tuple[int, int]:
     """FlashAttention's window_size, with its rule: causal makes the right side 0; a side < 0 is open."""
     left, right = (-1 if side is None or side < 0 else int(side) for side in window_size)
     return (left, 0) if causal else (left, right)
+
+
+def windowed(left: int, right: int, causal: bool) -> bool:
+    """Whether (left, right) bounds a row beyond the causal mask: a left side, or a right side without causal (the
+    kit's AttentionProblem::windowed()). Causal alone, (-1, 0), is no window."""
+    return left >= 0 or (right >= 0 and not causal)

@@ -26,7 +26,7 @@ import torch
 
 from .. import _ext
 from .. import torch as _course
-from .choose import Problem, Refusal, choose, refuse_unimplemented, window_of
+from .choose import Problem, Refusal, choose, refuse_unimplemented, window_of, windowed
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 USE_TRITON_ROCM = False  # FlashAttention's flag for its ROCm backend, which its tests read; the course is CUDA's
@@ -104,9 +104,13 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
     else:
         q_len, kv_len = q.shape[1], k.shape[1]
         unequal = q_len != kv_len
-    windowed = left >= 0 or right >= 0
+    window = windowed(left, right, causal)
+    if causal and not window and q_len <= 1:
+        # One new token a sequence: its diagonal at the bottom right is its sequence's last key, so the mask hides
+        # nothing (a decoding step's query over the whole cache) and any step computes FlashAttention's answer.
+        causal, left, right = False, -1, -1
     problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q_len, kv_len, causal=bool(causal),
-                      bottom_right=unequal, window=windowed, softcap=bool(softcap), sinks=sinks is not None,
+                      bottom_right=unequal, window=window, softcap=bool(softcap), sinks=sinks is not None,
                       varlen=varlen)
     forward_step, backward_step = _choose(call, problem, q.device, needs_grad)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -270,7 +274,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     left, right = window_of(window_size, causal)
     problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q.shape[1],
                       k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1],
-                      causal=bool(causal), bottom_right=True, window=left >= 0 or right >= 0, softcap=bool(softcap),
+                      causal=bool(causal), bottom_right=True, window=windowed(left, right, causal), softcap=bool(softcap),
                       cache=True, paged=block_table is not None)
     step, _ = _choose("flash_attn_with_kvcache", problem, q.device, needs_grad=False)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])

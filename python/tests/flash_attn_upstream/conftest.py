@@ -46,23 +46,58 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: fa_course refuses: " + str(call.excinfo.value))
 
 
+_raw = []  # (function, outcome, reason) of each report, flushed to --counts + ".raw" as they come
+
+
 def pytest_runtest_logreport(report):
     """Counted where the reports gather (the controller under pytest-xdist's -n, else this process)."""
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         function = report.nodeid.split("::")[-1].split("[")[0]
-        _counts[function][report.outcome] += 1
+        reason = ""
         if report.outcome == "skipped":
             text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             text = text.split("fa_course refuses: ")[-1]
             if ": it needs " in text:  # no step takes the problem: its needs are the reason
                 text = "no step takes: " + text.split(": it needs ")[1].split(". The ")[0]
-            _reasons[function][text[:160]] += 1
+            reason = text[:160]
+        _count(function, report.outcome, reason)
+        _raw.append((function, report.outcome, reason))
+        if _counts_path and len(_raw) >= 200:  # a run cut short by its time keeps what it counted
+            _flush_raw()
+
+
+def _count(function, outcome, reason):
+    _counts[function][outcome] += 1
+    if outcome == "skipped":
+        _reasons[function][reason] += 1
+
+
+_counts_path = None
+
+
+def pytest_configure(config):
+    global _counts_path
+    if not hasattr(config, "workerinput"):
+        _counts_path = config.getoption("--counts")
+        if _counts_path:
+            open(_counts_path + ".raw", "w").close()
+
+
+def _flush_raw():
+    with open(_counts_path + ".raw", "a", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(_raw)
+    _raw.clear()
 
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--counts")
     if not path or hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
         return
+    _flush_raw()
+    _write(path)
+
+
+def _write(path):
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["test", "passed", "failed", "skipped", "skip reasons (count: reason)"])
@@ -70,3 +105,10 @@ def pytest_sessionfinish(session):
             c = _counts[function]
             reasons = "; ".join(f"{n}: {r}" for r, n in _reasons[function].most_common())
             writer.writerow([function, c["passed"], c["failed"], c["skipped"], reasons])
+
+
+if __name__ == "__main__":  # python3 conftest.py COUNTS.csv: the table from COUNTS.csv.raw (a run cut short)
+    with open(sys.argv[1] + ".raw", newline="") as f:
+        for function, outcome, reason in csv.reader(f):
+            _count(function, outcome, reason)
+    _write(sys.argv[1])

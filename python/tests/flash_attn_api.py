@@ -101,6 +101,27 @@ for dtype in dtypes:
 print(f"flash_attn_func, packed forms, gradients: {cases} cases; chose {last_choice()['forward']} / "
       f"{last_choice()['backward']}")
 
+# One new token under a window (a Gemma 2 or gpt-oss decoding step without a cache object): the call passes the
+# window's last keys alone, so a step without the bottom-right diagonal takes it; O and the gradients of the whole
+# q, k, v (zero outside the window) as the bottom-right reference's.
+if hopper:
+    for d, feat in ((256, dict(causal=True, window_size=(63, -1), softcap=50.0)), (128, dict(window_size=(40, 17))),
+                    (128, dict(causal=True, window_size=(500, 0)))):
+        q = rand(2, 1, 4, d, dtype=torch.bfloat16, grad=True)
+        k, v = rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True), rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True)
+        name = f"one new token, d={d} {feat}"
+        out = flash_attn_func(q, k, v, **feat)
+        kw = dict(causal=feat.get("causal", False), window=feat["window_size"], softcap=feat.get("softcap", 0.0))
+        ref32, _ = reference(q, k, v, **kw)
+        ref16, _ = reference(q, k, v, upcast=False, **kw)
+        within_rule(name + " O", out, ref32, ref16)
+        g = torch.randn_like(out)
+        for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
+                                  torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
+            within_rule(f"{name} d{t}", a, b32, b16)
+    print(f"one new token under a window: 3 cases, the last through {last_choice()['forward']} / "
+          f"{last_choice()['backward']}")
+
 # A pack (varlen) against each sequence alone, causal, with its gradients; the padding helpers round trip.
 if hopper:
     for dtype in dtypes:

@@ -26,7 +26,7 @@ import torch
 
 from .. import _ext
 from .. import torch as _course
-from .choose import Problem, Refusal, choose, refuse_unimplemented, window_of, windowed
+from .choose import Problem, Refusal, choose, one_new_token, refuse_unimplemented, window_of, windowed
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 USE_TRITON_ROCM = False  # FlashAttention's flag for its ROCm backend, which its tests read; the course is CUDA's
@@ -104,11 +104,11 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
     else:
         q_len, kv_len = q.shape[1], k.shape[1]
         unequal = q_len != kv_len
+    # One new token a sequence (a decoding step's query over the whole cache): no mask, on the window's keys alone.
+    first, causal, left, right = one_new_token(q_len, kv_len, left, right, bool(causal), varlen)
+    if first:  # a slice: autograd carries dK and dV back to the whole k and v
+        k, v, kv_len = k[:, first:], v[:, first:], kv_len - first
     window = windowed(left, right, causal)
-    if causal and not window and q_len <= 1:
-        # One new token a sequence: its diagonal at the bottom right is its sequence's last key, so the mask hides
-        # nothing (a decoding step's query over the whole cache) and any step computes FlashAttention's answer.
-        causal, left, right = False, -1, -1
     problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q_len, kv_len, causal=bool(causal),
                       bottom_right=unequal, window=window, softcap=bool(softcap), sinks=sinks is not None,
                       varlen=varlen)

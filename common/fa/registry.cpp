@@ -80,6 +80,7 @@ namespace step56 { Launcher launcher(); }
 namespace step57 { Launcher launcher(); }
 namespace step58 { Launcher launcher(); }
 namespace step59 { Launcher launcher(); }
+namespace step60 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -272,6 +273,9 @@ const std::vector<StepInfo>& all_steps() {
       {"59", "", "decode_features",
        "the models' features in decode on step 48's kernel: the splits share the keys a window lets the new tokens see (the cost grows with the window, not the cache), the cap where the scores are scaled, each head's sink once, in the combine",
        step59::launcher()},
+      {"60", "", "bottom_right",
+       "the causal mask's and the window's diagonal at each sequence's last key (FlashAttention's alignment when q_len != kv_len: a chunk of a prompt over a cached prefix) in step 57's kernel: the one rule takes the alignment, each sequence of a pack its own offset; rows that see no key get O = 0",
+       step60::launcher()},
   };
   return steps;
 }

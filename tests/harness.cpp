@@ -195,6 +195,47 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     capped.softcap = 30.f, capped.sinks = true;
     pack("with a cap of 30 and sinks", capped, {129, 77, 1}, {129, 77, 1});
   }
+  // The causal mask's diagonal at the last key (FlashAttention's alignment when q_len != kv_len: row i of a sequence
+  // sees keys j <= kv_len - q_len + i), run only by the steps that take it and any q_len (steps 60, 61; the decode
+  // steps take at most 8 rows): a chunk of a prompt over a cached prefix (q_len < kv_len), a chunk of one work tile
+  // over many K/V tiles, q_len > kv_len (the first q_len - kv_len rows see no key: O = 0, LSE = -inf, dQ = 0; a
+  // work tile of such rows alone has no K/V tile), q_len = kv_len (the same as top-left), GQA and MQA, a window
+  // aligned bottom-right, sinks beside rows that see no key (LSE = the sink), and packs where each sequence has its
+  // own offset kv_len - q_len, the longest ones' (the pack's q_len and kv_len) none of theirs: sequences of no rows and
+  // no keys, q_len > kv_len, equal, fewer rows than keys.
+  auto bottom_right = [&](const std::string& name, AttentionProblem p, int left = -1, bool sinks = false) {
+    if (max_len > 0 && (p.q_len > max_len || p.kv_len > max_len)) return;
+    p.causal = true, p.causal_align = CausalAlign::bottom_right, p.window_left = left, p.sinks = sinks;
+    for (DType dtype : dtypes) {
+      p.dtype = dtype;
+      out.push_back({"bottom-right causal: " + name, p, InputKind::uniform});
+    }
+  };
+  auto bottom_right_pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
+                               const std::vector<int>& k_lens, int left = -1) {
+    p.batch = int(q_lens.size());
+    p.cu_seqlens_q = {0}, p.cu_seqlens_k = {0};
+    for (std::size_t b = 0; b < q_lens.size(); ++b) {
+      p.cu_seqlens_q.push_back(p.cu_seqlens_q.back() + q_lens[b]);
+      p.cu_seqlens_k.push_back(p.cu_seqlens_k.back() + k_lens[b]);
+    }
+    p.q_len = std::max(1, *std::max_element(q_lens.begin(), q_lens.end()));
+    p.kv_len = std::max(1, *std::max_element(k_lens.begin(), k_lens.end()));
+    bottom_right("varlen: " + name, p, left);
+  };
+  bottom_right("a chunk of 300 rows over 1000 keys (a prompt over its cached prefix), GQA 8/2",
+               problem(2, 300, 1000, 8, 2, d0));
+  bottom_right("one work tile of 128 rows over 4099 keys, MHA 4/4", problem(1, 128, 4099, 4, 4, d0));
+  bottom_right("q_len > kv_len: the first 200 of 300 rows see no key, MQA 8/1", problem(1, 300, 100, 8, 1, d0));
+  bottom_right("q_len = kv_len: the same as top-left", problem(1, 257, 257, 4, 2, d0));
+  bottom_right("a window (64, 0) at the last key, 200 rows over 700 keys", problem(1, 200, 700, 8, 2, d0), 64);
+  bottom_right("a window (50, 0), q_len > kv_len: the first 200 rows see no key", problem(1, 300, 100, 2, 1, d0), 50);
+  bottom_right("sinks, q_len > kv_len: the rows that see no key have the sink's LSE", problem(1, 300, 100, 4, 2, d0),
+               -1, true);
+  bottom_right_pack("no rows, no keys, q_len > kv_len, equal, fewer rows than keys, GQA 8/2",
+                    problem(1, 1, 1, 8, 2, d0), {300, 1, 0, 100, 129, 64, 5}, {1000, 5, 7, 37, 129, 0, 300});
+  bottom_right_pack("a window (32, 0), each sequence's own diagonal", problem(1, 1, 1, 4, 2, d0), {200, 50, 300, 1},
+                    {700, 50, 100, 1}, 32);
   // The models' features in decode (step 59), run only by the steps that take a KV cache's forms and the feature:
   // windows smaller than a page, starting mid-page, covering only the new tokens, with several new tokens (two row
   // tiles), larger than the sequence; sequences shorter than the window or of no keys; caps of 5 saturated by wide
@@ -248,6 +289,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
           {1000, 1, 333, 517}, 0, false);
     cache("another head_dim: speculative, 5 new tokens, bottom-right causal, paged (64)", problem(2, 5, 1024, 8, 2, d),
           {1000, 4}, 64, true);
+    bottom_right("another head_dim: a chunk of 300 rows over 1000 keys, GQA 8/2", problem(1, 300, 1000, 8, 2, d));
+    bottom_right("another head_dim: q_len > kv_len, MQA 8/1", problem(1, 300, 129, 8, 1, d));
   }
   // A head_dim above 128 (step 57's 256) takes K/V tiles of its own width (80 keys) in its own count of stages (2),
   // and is asked for by the steps with every model feature: the features and packs at it too, a window smaller than
@@ -268,6 +311,9 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     // Step 58's backward at 256 takes K/V tiles of 64 keys: lengths about one and two of them.
     pack("another head_dim: lengths 63, 64, 65, 128, 129, GQA 8/2", problem(1, 1, 1, 8, 2, d), {63, 64, 65, 128, 129},
          {65, 63, 129, 64, 128});
+    // Bottom-right about step 57's 80-key tiles and step 58's 64: each sequence's own diagonal.
+    bottom_right_pack("another head_dim: lengths about a K/V tile, no keys, q_len > kv_len", problem(1, 1, 1, 8, 2, d),
+                      {1, 81, 200, 64, 0, 65}, {80, 161, 79, 0, 3, 129});
   }
   // Only the head_dims asked for.
   out.erase(std::remove_if(out.begin(), out.end(),

@@ -323,6 +323,84 @@ TEST_CASE("head_dim 256's cases reach the backward (step 58): packs about 64-key
   CHECK(all_features_packed);
 }
 
+TEST_CASE("the bottom-right prefill cases: a chunk over a prefix, rows that see no key, windows, packs with their own "
+          "offsets, taken only by the prefill steps that declare bottom-right", "[cpu][harness]") {
+  const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64, 128, 256}, 0, Pass::backward);
+  bool chunk = false, no_key_rows = false, empty_tile = false, equal = false, gqa = false, mqa = false, window = false,
+       sinks = false, own_offsets = false, no_rows = false, no_keys = false;
+  std::set<int> head_dims;
+  int count = 0;
+  for (const test::Case& c : cases) {
+    const AttentionProblem& p = c.problem;
+    if (c.name.rfind("bottom-right causal: ", 0) != 0) continue;
+    ++count;
+    INFO(c.describe());
+    CHECK_NOTHROW(validate(p));
+    CHECK((p.causal && p.causal_align == CausalAlign::bottom_right && p.kv_lens.empty() && !p.paged()));
+    CHECK(p.q_len > 8);  // no decode step (8 new tokens at most) takes them: prefill's own cases
+    head_dims.insert(p.head_dim);
+    gqa |= p.q_heads > p.kv_heads && p.kv_heads > 1;
+    mqa |= p.kv_heads == 1 && p.q_heads > 1;
+    window |= p.windowed();
+    sinks |= p.sinks;
+    for (int b = 0; b < p.batch; ++b) {
+      const int q = p.q_len_of(b), k = p.kv_len_of(b);
+      chunk |= q > 0 && q < k && !p.varlen();
+      no_key_rows |= q > k && p.keys_range(b, 0).count() == 0;
+      empty_tile |= q - k >= 128 && !p.varlen();  // a whole work tile of rows that see no key: no K/V tile
+      equal |= q == k && !p.varlen() && !p.windowed();
+      // A sequence whose own offset kv_len - q_len is not the pack's longest lengths': a kernel that takes the
+      // offset from the pack's q_len and kv_len misplaces its diagonal.
+      own_offsets |= p.varlen() && q > 0 && k > 0 && k - q != p.kv_len - p.q_len;
+      no_rows |= p.varlen() && q == 0;
+      no_keys |= p.varlen() && k == 0 && q > 0;
+    }
+    // Taken by the prefill steps that declare bottom-right (step 60), and by no other step of the registry.
+    for (const StepInfo& step : all_steps())
+      if (step.supports(p)) CHECK((step.cache_forms.bottom_right && step.cache_forms.max_q_len == 0));
+    if (p.q_elements() > 300 * 8 * 128 || p.kv_len > 1000) continue;
+    // The float64 answers: the first rows of a sequence with q_len > kv_len see no key: O = 0, LSE = -inf (the
+    // sink's logit with sinks), dQ = 0; every other value finite.
+    const test::Prepared prep = test::prepare(c, 60, Pass::backward);
+    REQUIRE(prep.backward);
+    for (const std::vector<double>* g : {&prep.expected, &prep.expected_dq, &prep.expected_dk, &prep.expected_dv})
+      CHECK(std::all_of(g->begin(), g->end(), [](double x) { return std::isfinite(x); }));
+    const std::int64_t q_row = std::int64_t(p.q_heads) * p.head_dim;
+    for (int b = 0; b < p.batch; ++b)
+      for (int i = 0; i < p.q_len_of(b); ++i) {
+        const bool sees_none = p.keys_range(b, i).count() == 0;
+        CHECK(sees_none == (p.kv_len_of(b) - p.q_len_of(b) + i < 0 ||
+                            p.keys_range(b, i).first >= p.kv_len_of(b)));
+        if (!sees_none) continue;
+        for (int h = 0; h < p.q_heads; ++h)
+          CHECK(prep.expected_lse[std::size_t(p.lse_index(b, i, h))] == (p.sinks ? prep.inputs.sinks.get(h) : -INFINITY));
+        for (std::int64_t e = p.q_row(b, i) * q_row; e < p.q_row(b, i + 1) * q_row; ++e)
+          CHECK((prep.expected[std::size_t(e)] == 0 && prep.expected_dq[std::size_t(e)] == 0));
+      }
+    // With q_len = kv_len bottom-right is top-left: the same answers.
+    if (p.q_len == p.kv_len && !p.varlen()) {
+      test::Case top_left = c;
+      top_left.problem.causal_align = CausalAlign::top_left;
+      const test::Prepared same = test::prepare(top_left, 60, Pass::backward);
+      CHECK(same.expected == prep.expected);
+      CHECK(same.expected_dk == prep.expected_dk);
+    }
+  }
+  CHECK(count > 0);
+  CHECK(head_dims == std::set<int>{64, 128, 256});
+  CHECK(chunk);
+  CHECK(no_key_rows);
+  CHECK(empty_tile);
+  CHECK(equal);
+  CHECK(gqa);
+  CHECK(mqa);
+  CHECK(window);
+  CHECK(sinks);
+  CHECK(own_offsets);
+  CHECK(no_rows);
+  CHECK(no_keys);
+}
+
 TEST_CASE("only the backward's -1000 case has a row that reaches past kv_len with an LSE below -11", "[cpu][harness]") {
   // Below about -11, a key past kv_len left unmasked gets P = exp(0 - LSE) and dS = -P D beyond f16's 65504: the
   // overflow that makes that mistake visible (tests/harness.cpp). Only rows the causal mask lets reach past kv_len
@@ -419,5 +497,7 @@ TEST_CASE("the backward's sink cases carry the reference's dsinks and are judged
     CHECK_THAT(judge_dsinks(nan, prep.expected_dsinks, p.dtype, prep.max_abs_score).failed,
                Catch::Matchers::Contains("non-finite"));
   }
-  CHECK(cases == 16);  // 4 sink cases (one of them a pack) x 2 dtypes x 2 masks
+  // 4 sink cases (one of them a pack) x 2 dtypes x 2 masks, and the bottom-right one (rows that see only the sink) x 2
+  // dtypes, causal alone
+  CHECK(cases == 18);
 }

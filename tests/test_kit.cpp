@@ -129,6 +129,27 @@ TEST_CASE("a decode step without the models' features refuses them by name, and 
   CHECK_THROWS_WITH(features.launch(p, none, nullptr), Contains("step 59") && Contains("cu_seqlens = 2 packed"));
 }
 
+TEST_CASE("step 57 refuses the bottom-right diagonal by name; step 60 takes it at any q_len with every feature",
+          "[cpu][kit]") {
+  const AttentionTensors none{};
+  AttentionProblem p;  // a chunk of a prompt over its cached prefix, packed, with a window, a cap and sinks
+  p.batch = 2, p.q_len = 300, p.kv_len = 1000, p.q_heads = 8, p.kv_heads = 2, p.head_dim = 256, p.dtype = DType::bf16;
+  p.causal = true, p.causal_align = CausalAlign::bottom_right;
+  CHECK_THROWS_WITH(select_steps("57").front()->launch(p, none, nullptr),
+                    Contains("step 57") && Contains("causal_align = bottom-right is not supported"));
+  const StepInfo& bottom_right = *select_steps("60").front();
+  CHECK(bottom_right.pass == Pass::forward);
+  CHECK(bottom_right.cache_forms.bottom_right);
+  CHECK(bottom_right.cache_forms.max_q_len == 0);  // a prefill step: any q_len
+  CHECK(!bottom_right.cache_forms.kv_lens);
+  CHECK(!bottom_right.cache_forms.paged);
+  CHECK(bottom_right.head_dims == std::vector<int>{64, 128, 256});
+  CHECK(bottom_right.supports(p));
+  p.window_left = 64, p.softcap = 30.f, p.sinks = true;
+  p.cu_seqlens_q = {0, 300, 301}, p.cu_seqlens_k = {0, 1000, 1005};
+  CHECK(bottom_right.supports(p));
+}
+
 TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit]") {
   AttentionProblem p;
   p.head_dim = 64;

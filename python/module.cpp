@@ -532,11 +532,12 @@ NB_MODULE(_ext, m) {
   m.def("backward",
         [](const std::string& step, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
            const Tensor& lse, const Tensor& d_out, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-           const OptionalTensor& workspace, bool causal, std::optional<double> scale, int window_left,
-           int window_right, double softcap, const OptionalTensor& sinks, const OptionalTensor& dsinks,
-           const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k, std::uintptr_t stream) {
+           const OptionalTensor& workspace, bool causal, std::optional<double> scale, const std::string& causal_align,
+           int window_left, int window_right, double softcap, const OptionalTensor& sinks,
+           const OptionalTensor& dsinks, const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k,
+           std::uintptr_t stream) {
           report_earlier_faults(q);
-          Call call = call_for(step, q, k, v, causal, scale, "top-left", std::nullopt, std::nullopt,
+          Call call = call_for(step, q, k, v, causal, scale, causal_align, std::nullopt, std::nullopt,
                                fa::Pass::backward,
                                {window_left, window_right, softcap, sinks, cu_seqlens_q, cu_seqlens_k});
           fa::check_backward_shapes(call.p, shape_of(out, "out"), shape_of(lse, "lse"), shape_of(d_out, "d_out"));
@@ -576,12 +577,13 @@ NB_MODULE(_ext, m) {
         nb::arg("step"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("d_out"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(),
         nb::arg("workspace") = nb::none(), nb::arg("causal") = false, nb::arg("scale") = nb::none(),
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
-        nb::arg("sinks") = nb::none(), nb::arg("dsinks") = nb::none(), nb::arg("cu_seqlens_q") = nb::none(),
-        nb::arg("cu_seqlens_k") = nb::none(), nb::arg("stream") = 0,
+        nb::arg("causal_align") = "top-left", nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0, nb::arg("sinks") = nb::none(), nb::arg("dsinks") = nb::none(),
+        nb::arg("cu_seqlens_q") = nb::none(), nb::arg("cu_seqlens_k") = nb::none(), nb::arg("stream") = 0,
         "dQ, dK and dV of a backward step from Q, K, V, the forward's O and LSE, and dO, written into dq, dk, dv, "
         "on `stream`, with q's device current. The workspace (the float dQ the blocks add into) is zeroed on "
-        "`stream` before the launch. The models' features as forward() takes them, for the backward steps that "
+        "`stream` before the launch. causal_align as forward() takes it, for the backward steps that list "
+        "bottom_right. The models' features as forward() takes them, for the backward steps that "
         "list them (steps()): window_left and window_right, softcap, and sinks (float32 [Hq]), whose gradient goes "
         "to dsinks (float32 [Hq], needed with sinks; the step zeroes it on `stream`); a pack's cu_seqlens_q and "
         "cu_seqlens_k as forward() takes them, with lse float32 [Hq, total_q].");

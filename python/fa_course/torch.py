@@ -53,12 +53,13 @@ def forward(step: str, q, k, v, *, causal=False, scale=None, causal_align="top-l
     return out, lse
 
 
-def backward(step: str, q, k, v, out, lse, d_out, *, causal=False, scale=None, window_size=(-1, -1), softcap=0.0,
-             sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
+def backward(step: str, q, k, v, out, lse, d_out, *, causal=False, scale=None, causal_align="top-left",
+             window_size=(-1, -1), softcap=0.0, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """dQ, dK, dV of backward step `step`: new tensors; with sinks (float32 [Hq]), also their gradient dsinks
     (float32 [Hq]) as a fourth. The features as forward() takes them, for the backward steps that list them."""
     dq, dk, dv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
-    forms = dict(causal=causal, scale=scale, **_features(window_size, softcap, sinks, cu_seqlens_q, cu_seqlens_k))
+    forms = dict(causal=causal, scale=scale, causal_align=causal_align,
+                 **_features(window_size, softcap, sinks, cu_seqlens_q, cu_seqlens_k))
     dsinks = None if sinks is None else _torch.empty(sinks.shape, dtype=_torch.float32, device=q.device)
     workspace = _workspace(step, q, k, v, **forms)
     _ext.backward(step, q, k, v, out, lse, d_out.contiguous(), dq, dk, dv, workspace=workspace, dsinks=dsinks,

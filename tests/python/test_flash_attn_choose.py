@@ -100,9 +100,17 @@ message = refused(forward(q=9, kv=8192, cache=True), HOPPER)
 assert "at most" in message or "9 new tokens" in message, message
 
 # FlashAttention's causal mask at the bottom right (seqlen_q != seqlen_k): only the steps that take that alignment.
-message = refused(forward(q=100, kv=300, causal=True, bottom_right=True), HOPPER)
-assert "bottom-right" in message and "100 new tokens" in message, message
+# On Hopper the newest forward takes it at any q_len (step 60, not yet run on a GPU), with every feature and a pack.
+br_forward = max(str(i) for i in ids("forward", bottom_right=True, max_q_len=0))
+assert br_forward == hopper_forward == "60", (br_forward, hopper_forward)
+assert chosen(forward(q=100, kv=300, causal=True, bottom_right=True), HOPPER) == br_forward
+assert chosen(forward(q=300, kv=100, causal=True, window=True, softcap=True, sinks=True, varlen=True, bottom_right=True),
+              HOPPER) == br_forward
+assert chosen(forward(q=100, kv=300, window=True, bottom_right=True), HOPPER) == br_forward  # a window's diagonal too
 assert chosen(forward(q=100, kv=300, bottom_right=True), HOPPER) == hopper_forward  # no mask: alignment moot
+# Elsewhere (no sm_90a) only the decode steps take it, for at most their new tokens: 100 rows are refused.
+message = refused(forward(dtype="f16", q=100, kv=300, causal=True, bottom_right=True), AMPERE)
+assert "bottom-right" in message and "100 new tokens" in message, message
 # The backward takes no bottom-right mask, no cache.
 assert "bottom-right" in refused(backward(q=100, kv=300, causal=True, bottom_right=True), HOPPER)
 

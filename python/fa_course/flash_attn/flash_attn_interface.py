@@ -114,8 +114,12 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
                       varlen=varlen)
     forward_step, backward_step = _choose(call, problem, q.device, needs_grad)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    # FlashAttention's alignment: with seqlen_q != seqlen_k the mask's (and window's) diagonal at the last key. The
+    # chooser took a step that declares it (step 60 forward, or a decode step); the step must be told, or it would
+    # compute the top-left mask.
+    aligned = "bottom-right" if unequal and (causal or window) else "top-left"
     features = dict(window_size=(left, right), softcap=float(softcap or 0.0), cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_k=cu_seqlens_k)
+                    cu_seqlens_k=cu_seqlens_k, causal_align=aligned)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     sinks = None if sinks is None else sinks.float().contiguous()
     if backward_step is None:

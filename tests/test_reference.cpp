@@ -541,6 +541,10 @@ TEST_CASE("features: rows_range_in gives the rows whose keys_range_in holds the 
                             << " window=(" << left << ", " << right << ") key " << j << ": rows [" << rows.first
                             << ", " << rows.last << ")");
                 REQUIRE(rows.first <= rows.last);
+                // Inside the sequence's rows even when empty: a K/V tile's walk spans its first key's first row to its
+                // last key's last, so one empty range below row 0 (a key before every bottom-right window) would
+                // walk rows that do not exist.
+                REQUIRE((rows.first >= 0 && rows.last <= q_len));
                 for (int i = 0; i < q_len; ++i) {
                   const KeyRange keys = keys_range_in(len, q_len, i, causal, bottom_right, left, right);
                   const bool sees = j >= keys.first && j < keys.last;

@@ -131,6 +131,9 @@ FA_HOST_DEVICE constexpr RowRange rows_range_in(int len, int q_len, int j, bool 
   long long last = left >= 0 ? diagonal_of_j + left + 1 : q_len;
   if (first < 0) first = 0;
   if (last > q_len) last = q_len;
+  // Never below row 0, even empty: under bottom-right a key before every row's window has its run's end at a
+  // negative row, and a K/V tile walks from its first key's first row to its last key's last (step 61).
+  if (last < 0) last = 0;
   if (first > last) first = last;
   return {int(first), int(last)};
 }

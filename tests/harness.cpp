@@ -227,6 +227,9 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
                problem(2, 300, 1000, 8, 2, d0));
   bottom_right("one work tile of 128 rows over 4099 keys, MHA 4/4", problem(1, 128, 4099, 4, 4, d0));
   bottom_right("q_len > kv_len: the first 200 of 300 rows see no key, MQA 8/1", problem(1, 300, 100, 8, 1, d0));
+  // Keys in whole K/V tiles (of 64 or 128 keys) under more rows: a tile's test for its unmasked copy must be made under
+  // the same alignment, or a Q tile whose first rows see no key (LSE = -inf) takes it and P = exp(S - LSE) is inf.
+  bottom_right("q_len > kv_len over whole K/V tiles: 400 rows over 256 keys, GQA 4/2", problem(1, 400, 256, 4, 2, d0));
   bottom_right("q_len = kv_len: the same as top-left", problem(1, 257, 257, 4, 2, d0));
   bottom_right("a window (64, 0) at the last key, 200 rows over 700 keys", problem(1, 200, 700, 8, 2, d0), 64);
   bottom_right("a window (50, 0), q_len > kv_len: the first 200 rows see no key", problem(1, 300, 100, 2, 1, d0), 50);

@@ -81,6 +81,7 @@ namespace step57 { Launcher launcher(); }
 namespace step58 { Launcher launcher(); }
 namespace step59 { Launcher launcher(); }
 namespace step60 { Launcher launcher(); }
+namespace step61 { Launcher launcher(); }
 // The baseline (bench/cublas_baseline.cu).
 namespace cublas { Launcher launcher(); }
 
@@ -276,6 +277,9 @@ const std::vector<StepInfo>& all_steps() {
       {"60", "", "bottom_right",
        "the causal mask's and the window's diagonal at each sequence's last key (FlashAttention's alignment when q_len != kv_len: a chunk of a prompt over a cached prefix) in step 57's kernel: the one rule takes the alignment, each sequence of a pack its own offset; rows that see no key get O = 0",
        step60::launcher()},
+      {"61", "", "bottom_right_backward",
+       "the backward with the diagonal at each sequence's last key (bottom-right) in step 58's kernel: the rule and its inverse take the alignment, so each K/V tile walks the rows that see its keys from their first; rows that see no key are visited only in masked tiles, their dQ 0",
+       step61::launcher()},
   };
   return steps;
 }

@@ -355,7 +355,7 @@ TEST_CASE("the bottom-right prefill cases: a chunk over a prefix, rows that see 
       no_rows |= p.varlen() && q == 0;
       no_keys |= p.varlen() && k == 0 && q > 0;
     }
-    // Taken by the prefill steps that declare bottom-right (step 60), and by no other step of the registry.
+    // Taken by the prefill steps that declare bottom-right (steps 60 and 61), and by no other step of the registry.
     for (const StepInfo& step : all_steps())
       if (step.supports(p)) CHECK((step.cache_forms.bottom_right && step.cache_forms.max_q_len == 0));
     if (p.q_elements() > 300 * 8 * 128 || p.kv_len > 1000) continue;

@@ -129,7 +129,8 @@ TEST_CASE("a decode step without the models' features refuses them by name, and 
   CHECK_THROWS_WITH(features.launch(p, none, nullptr), Contains("step 59") && Contains("cu_seqlens = 2 packed"));
 }
 
-TEST_CASE("step 57 refuses the bottom-right diagonal by name; step 60 takes it at any q_len with every feature",
+TEST_CASE("steps 57 and 58 refuse the bottom-right diagonal by name; steps 60 and 61 take it at any q_len with every "
+          "feature",
           "[cpu][kit]") {
   const AttentionTensors none{};
   AttentionProblem p;  // a chunk of a prompt over its cached prefix, packed, with a window, a cap and sinks
@@ -148,6 +149,15 @@ TEST_CASE("step 57 refuses the bottom-right diagonal by name; step 60 takes it a
   p.window_left = 64, p.softcap = 30.f, p.sinks = true;
   p.cu_seqlens_q = {0, 300, 301}, p.cu_seqlens_k = {0, 1000, 1005};
   CHECK(bottom_right.supports(p));
+  // The backward: step 58 refuses it by name, step 61 takes it with every feature.
+  CHECK_THROWS_WITH(select_steps("58").front()->launch(p, none, nullptr),
+                    Contains("step 58") && Contains("causal_align = bottom-right is not supported"));
+  const StepInfo& backward = *select_steps("61").front();
+  CHECK(backward.pass == Pass::backward);
+  CHECK(backward.cache_forms.bottom_right);
+  CHECK(backward.cache_forms.max_q_len == 0);
+  CHECK(backward.head_dims == std::vector<int>{64, 128, 256});
+  CHECK(backward.supports(p));
 }
 
 TEST_CASE("a step that needs a workspace refuses to run without one", "[cpu][kit]") {

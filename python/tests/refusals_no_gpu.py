@@ -151,7 +151,8 @@ message = backward_256("58")
 assert message.startswith(NOT_ON_GPU), message
 
 # The causal diagonal at the last key (bottom-right) in prefill: step 57 refuses it by name; step 60's call, 300 rows
-# over 1000 keys at d = 256, reaches the GPU check; the backward's causal_align is refused by step 58 by name.
+# over 1000 keys at d = 256, reaches the GPU check; the backward's causal_align is refused by step 58 by name and
+# reaches the GPU check through step 61.
 q_chunk, kv_prefix = np.zeros((1, 300, HQ, 256), f16), np.zeros((1, 1000, HKV, 256), f16)
 for step in ("57", "60"):
     message = refusal(fa_course.forward, step, q_chunk, kv_prefix, kv_prefix, np.zeros_like(q_chunk), causal=True,
@@ -164,8 +165,12 @@ message = refusal(fa_course.backward, "58", q256, kv256, kv256, np.zeros_like(q2
                   np.zeros_like(q256), np.zeros_like(kv256), np.zeros_like(kv256), causal=True,
                   causal_align="bottom-right", workspace=aligned((q256.size + lse256.size) * 4))
 assert "causal_align = bottom-right is not supported" in message, message
+message = refusal(fa_course.backward, "61", q256, kv256, kv256, np.zeros_like(q256), lse256, np.zeros_like(q256),
+                  np.zeros_like(q256), np.zeros_like(kv256), np.zeros_like(kv256), causal=True,
+                  causal_align="bottom-right", workspace=aligned((q256.size + lse256.size) * 4))
+assert message.startswith(NOT_ON_GPU), message
 
 assert callable(fa_course.check)
 print("fa_course refuses overlapping outputs and a missing, small or misaligned workspace before the GPU, "
       "head_dim 256 where the step does not take it, a window in decode before step 59, and the bottom-right "
-      "diagonal in prefill before step 60")
+      "diagonal in prefill before steps 60 and 61")

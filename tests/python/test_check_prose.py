@@ -97,8 +97,8 @@ with tempfile.TemporaryDirectory() as tree:
     wrong("docs/mainpage.md", r"\n\| \[48 [^\n]*", "", r"docs/mainpage\.md:\d+: the table lists steps 42-47")
     wrong("README.md", r"\n\| \[41 [^\n]*", "", r"README\.md:\d+: the table lists steps 26-40; a part runs .*26-41")
     # Counts of all the steps, and of cases for every step: true today or dated.
-    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe Python module lists 61 steps.\n",
-          r'README\.md:\d+: "61 steps": the registry has 60 steps, \d+ entries with the variants')
+    wrong("README.md", r"(## How to read a step\n)", r"\1\nThe Python module lists 62 steps.\n",
+          r'README\.md:\d+: "62 steps": the registry has 61 steps, \d+ entries with the variants')
     wrong("README.md", r"(## How to read a step\n)", r"\1\nThe shape matrix passed for every forward step (9,000 cases).\n",
           r'README\.md:\d+: "every forward step \.\.\. 9,000 cases": a count of cases for every step goes stale')
     # A range of ctest names that is not a part's; a claim that every step is one .cu file.
@@ -126,11 +126,11 @@ with tempfile.TemporaryDirectory() as tree:
     assert code == 0, f"dated counts must pass:\n{out}"
     # Every part contiguous: the lean backward consumer numbered after the decode steps, as it was before 2026-11-28
     # (read from the sources: the built fa-run's registry is the real one).
-    os.rename(os.path.join(tree, "steps", "41_lean_backward_consumer"), os.path.join(tree, "steps", "61_lean_backward_consumer"))
+    os.rename(os.path.join(tree, "steps", "41_lean_backward_consumer"), os.path.join(tree, "steps", "62_lean_backward_consumer"))
     code, out = run(tree, fa_run=None)
-    os.rename(os.path.join(tree, "steps", "61_lean_backward_consumer"), os.path.join(tree, "steps", "41_lean_backward_consumer"))
-    assert code == 1 and "the part 'The backward pass' is not contiguous (26-40, 61)" in out \
-        and "step 61 (backward) comes after step 60 (features)" in out, out
+    os.rename(os.path.join(tree, "steps", "62_lean_backward_consumer"), os.path.join(tree, "steps", "41_lean_backward_consumer"))
+    assert code == 1 and "the part 'The backward pass' is not contiguous (26-40, 62)" in out \
+        and "step 62 (backward) comes after step 61 (features)" in out, out
 
     # --write puts an edited generated block back.
     readme = os.path.join(tree, "README.md")

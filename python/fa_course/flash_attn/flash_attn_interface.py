@@ -282,9 +282,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                       cache=True, paged=block_table is not None)
     step, _ = _choose("flash_attn_with_kvcache", problem, q.device, needs_grad=False)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    # The new tokens' diagonal at each sequence's last key; without a mask or a window there is none to place (the
+    # kit refuses an alignment with nothing to align).
+    aligned = "bottom-right" if causal or problem.window else "top-left"
     with torch.no_grad():
         out, lse = _course.forward(step, q.contiguous(), k_cache, v_cache, causal=bool(causal), scale=scale,
-                                   causal_align="bottom-right", kv_lens=kv_lens,
+                                   causal_align=aligned, kv_lens=kv_lens,
                                    page_table=None if block_table is None else block_table.to(torch.int32),
                                    window_size=(left, right), softcap=float(softcap or 0.0))
     return (out, lse) if return_softmax_lse else out

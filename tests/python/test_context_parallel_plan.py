@@ -31,7 +31,8 @@ assert "torch" not in sys.modules, "plan and loop must not need PyTorch"
 # --- The "kernel": attention of one block in float64, and its backward from the global O and LSE ----------------------
 
 def scores(q, k, causal):
-    """S [B, H, n, m] of q [B, n, H, d], k [B, m, H, d], scaled by 1/sqrt(d); top-left causal: row i sees keys 0 .. i."""
+    """S [B, H, n, m] of q [B, n, H, d], k [B, m, H, d], scaled by 1/sqrt(d); top-left causal: row i sees keys
+    0 .. i."""
     s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(q.shape[-1])
     if causal:
         n, m = s.shape[-2:]
@@ -134,8 +135,9 @@ def covered(world, n, causal, layout):
             met += [(i, j) for a, i in enumerate(rows) for b, j in enumerate(keys) if not block.causal or b <= a]
         needed = [(i, j) for i in per_rank[r] for j in range(n) if not causal or j <= i]
         assert len(met) == len(set(met)), f"world {world}, rank {r}: a pair met twice"
-        assert set(met) == set(needed), (f"world {world}, n {n}, {layout}, causal {causal}, rank {r}: "
-                                         f"missed {sorted(set(needed) - set(met))[:4]}, extra {sorted(set(met) - set(needed))[:4]}")
+        missed, extra = sorted(set(needed) - set(met))[:4], sorted(set(met) - set(needed))[:4]
+        assert not missed and not extra, (f"world {world}, n {n}, {layout}, causal {causal}, rank {r}: "
+                                          f"missed {missed}, extra {extra}")
         assert sum(plan.pairs(b) for b in blocks) == len(met)
         work.append(len(met))
     return work

@@ -2,9 +2,10 @@
 
 Context parallelism cuts one long sequence across `world` ranks. Each rank keeps its own Q and passes its K/V block to
 the next rank, `world` steps round the ring, so every Q block meets every K/V block once; the partial O of each meeting
-is merged through its log-sum-exp, exactly as split-KV decoding merges its splits (steps/42_split_kv_decode/split_kv.cuh,
-combine_kernel). Under the causal mask a contiguous split leaves rank 0 almost idle and the last rank doing most of the
-work; the zigzag split (rank r holds chunk r and chunk 2*world-1-r of 2*world chunks) gives every rank the same work.
+is merged through its log-sum-exp, exactly as split-KV decoding merges its splits
+(steps/42_split_kv_decode/split_kv.cuh, combine_kernel). Under the causal mask a contiguous split leaves rank 0 almost
+idle and the last rank doing most of the work; the zigzag split (rank r holds chunk r and chunk 2*world-1-r of 2*world
+chunks) gives every rank the same work.
 
 Torch-free and numpy-free: the merge takes the array module (numpy or torch) as `xp`, so the GPU driver (ring.py) and
 the CPU test (tests/python/test_context_parallel_plan.py) run the same lines.

@@ -66,7 +66,7 @@ for world in (1, 2, 3, 4, 8):
             # The kernel on the shard maps local query head j to local KV head j // local_group: the right one.
             assert all(local_kv[j // local_group] == h // group for j, h in enumerate(local_q)), (hq, hkv, world)
         # Every rank sends pieces of one size (all_to_all_single cuts its buffer evenly).
-        assert len({s.stop - s.start for s in kv_heads}) == 1
+        assert len({s.stop - s.start for s in kv_heads}) == 1, (hq, hkv, world, kv_heads)
 for bad in ((6, 6, 4), (12, 3, 2), (12, 6, 4), (12, 5, 3)):  # Hq % world; Hkv neither; Hkv neither; Hq % Hkv
     try:
         ulysses.head_split(*bad)

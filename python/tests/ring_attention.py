@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Ring attention (fa_course.context_parallel.ring) on the GPUs of one host against one GPU's attention of the same
-problem (issue 60). Needs 2 or more CUDA devices and PyTorch; exits 77 ("skipped: ...") otherwise.
+"""Ring attention (fa_course.context_parallel.ring) and its all-to-all form (Ulysses, .ulysses_torch) on the GPUs of
+one host against one GPU's attention of the same problem (issue 60). Needs 2 or more CUDA devices and PyTorch; exits
+77 ("skipped: ...") otherwise.
 
 Every rank runs the whole problem on its own GPU too: a float32 reference and PyTorch in bf16 (attention_reference.py,
 beside this script), and the course's single-GPU steps. The ring's O, dQ, dK and dV of the rank's rows (the zigzag
 share when causal, the contiguous one when not) are held to FlashAttention's error rule: the error against the float32
-computation at most twice PyTorch's own in bf16. The single-GPU steps' error is printed beside it.
+computation at most twice PyTorch's own in bf16. The single-GPU steps' error is printed beside it. Ulysses, on the
+same shares, is held to the same rule where the heads divide (Hq = 8, Hkv = 2: 2, 4 or 8 GPUs; on others it is
+skipped with the refusal printed).
 
     PYTHONPATH=build/python python3 python/tests/ring_attention.py           # one process per GPU (spawned)
     PYTHONPATH=build/python torchrun --nproc-per-node 2 python/tests/ring_attention.py
@@ -30,21 +33,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention_reference import reference  # noqa: E402
 
 
-def steps_for(chunk):
-    """The course's fastest forward and backward steps for this GPU that take the ring's blocks (bf16, d = 128,
-    causal top-left at step 0, q_len != kv_len after it), by fa_course.flash_attn's own choice."""
+def steps_for(q_len, kv_len):
+    """The course's fastest forward and backward steps for this GPU that take a q_len x kv_len block (bf16, d = 128,
+    causal top-left; the ring's blocks: chunk x 2 chunk; Ulysses': the whole sequence), by fa_course.flash_attn's own
+    choice."""
     import fa_course
     from fa_course.flash_attn.choose import Problem, choose
     capability = torch.cuda.get_device_capability()
-    return tuple(choose(fa_course.steps(), Problem(pass_, "bf16", 128, chunk, 2 * chunk, causal=True), capability,
-                        "a ring block") for pass_ in ("forward", "backward"))
+    return tuple(choose(fa_course.steps(), Problem(pass_, "bf16", 128, q_len, kv_len, causal=True), capability,
+                        "a context-parallel block") for pass_ in ("forward", "backward"))
 
 
-def check(rank, world, n, causal, steps, device):
+def check(rank, world, n, causal, steps, device, form="ring"):
     """One problem: returns the number of failures on this rank, and prints its line."""
     from fa_course import torch as fat
     from fa_course.context_parallel import plan
     from fa_course.context_parallel.ring import ring_attention
+    from fa_course.context_parallel.ulysses_torch import ulysses_attention
     gen = torch.Generator().manual_seed(n * 10 + causal)  # the same whole problem on every rank
     q = torch.randn(2, n, 8, 128, generator=gen).to(device, torch.bfloat16)
     k, v = (torch.randn(2, n, 2, 128, generator=gen).to(device, torch.bfloat16) for _ in range(2))
@@ -52,8 +57,8 @@ def check(rank, world, n, causal, steps, device):
     rows = torch.tensor(plan.split_indices(n, world, "zigzag" if causal else "contiguous")[rank], device=device)
 
     local = [x[:, rows].clone().requires_grad_() for x in (q, k, v)]
-    out = ring_attention(*local, causal, steps[0], steps[1])
-    ring = (out,) + torch.autograd.grad(out, local, g[:, rows])
+    out = (ring_attention if form == "ring" else ulysses_attention)(*local, causal, steps[0], steps[1])
+    got = (out,) + torch.autograd.grad(out, local, g[:, rows])
 
     def whole(fn, **kw):  # O and the gradients of the whole problem, at this rank's rows
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -64,10 +69,11 @@ def check(rank, world, n, causal, steps, device):
     one = whole(fat.attention, forward_step=steps[0], backward_step=steps[1], causal=causal)
 
     err = lambda a, r: (a.float() - r.float()).abs().max().item()  # noqa: E731
-    worst = [(name, err(a, r), err(p, r), err(o, r)) for name, a, r, p, o in zip(("O", "dQ", "dK", "dV"), ring, ref,
+    worst = [(name, err(a, r), err(p, r), err(o, r)) for name, a, r, p, o in zip(("O", "dQ", "dK", "dV"), got, ref,
                                                                                    pt, one)]
     ok = all(e == e and e <= 2 * e_pt for _, e, e_pt, _ in worst)  # e == e: not NaN
-    print(f"rank {rank}/{world}, n {n}, {'causal zigzag' if causal else 'not causal'}, steps {steps[0]}/{steps[1]}: "
+    print(f"{form}: rank {rank}/{world}, n {n}, {'causal zigzag' if causal else 'not causal'}, "
+          f"steps {steps[0]}/{steps[1]}: "
           f"{'passed' if ok else 'FAILED'} (" + ", ".join(f"{name} {e:.2g} vs PyTorch {p:.2g}, one GPU {o:.2g}"
                                                            for name, e, p, o in worst) + ")", flush=True)
     return 0 if ok else 1
@@ -82,17 +88,28 @@ def worker(local_rank, world):
     else:
         dist.init_process_group("nccl", rank=local_rank, world_size=world)
     rank, world = dist.get_rank(), dist.get_world_size()
+    from fa_course.context_parallel.ulysses import head_split
     failures = 0
     for chunk in (97, 256):  # tokens a chunk (2 chunks a rank): an odd one leaves every block a tail
         n = 2 * world * chunk
-        steps = steps_for(chunk)
+        steps = steps_for(chunk, 2 * chunk)
         for causal in (True, False):
             failures += check(rank, world, n, causal, steps, device)
+        try:
+            head_split(8, 2, world)
+        except ValueError as e:
+            if rank == 0:
+                print(f"ulysses: skipped on {world} GPUs: {e}", flush=True)
+            continue
+        steps = steps_for(n, n)
+        for causal in (True, False):
+            failures += check(rank, world, n, causal, steps, device, "ulysses")
     total = torch.tensor([failures], device=device)
     dist.all_reduce(total)
     dist.destroy_process_group()
     if rank == 0:
-        print(f"ring attention on {world} GPUs: {'passed' if total.item() == 0 else f'{total.item()} FAILED'}")
+        verdict = "passed" if total.item() == 0 else f"{total.item()} FAILED"
+        print(f"ring attention and Ulysses on {world} GPUs: {verdict}")
     if total.item():
         sys.exit(1)
 

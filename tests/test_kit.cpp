@@ -124,7 +124,14 @@ TEST_CASE("a decode step without the models' features refuses them by name, and 
   CHECK(features.cache_forms.paged);
   CHECK(features.cache_forms.bottom_right);
   CHECK(features.cache_forms.max_q_len == 8);
-  p.softcap = 0.f, p.causal = false, p.causal_align = CausalAlign::top_left;
+  // A window aligned at the last key without the causal mask: the alignment moves the window, so a step that
+  // aligns at the first key (the prefill steps 49-58) refuses it by name rather than compute another window.
+  p.softcap = 0.f, p.causal = false, p.window_left = 16, p.window_right = 4, p.q_len = 4;
+  CHECK_THROWS_WITH(select_steps("57").front()->launch(p, none, nullptr),
+                    Contains("step 57") && Contains("causal_align") && Contains("bottom-right"));
+  CHECK(takes_cache_forms(p, features.cache_forms));
+  p.window_left = p.window_right = -1, p.q_len = 1;
+  p.causal_align = CausalAlign::top_left;
   p.cu_seqlens_q = {0, 1, 2}, p.cu_seqlens_k = {0, 30, 64};
   CHECK_THROWS_WITH(features.launch(p, none, nullptr), Contains("step 59") && Contains("cu_seqlens = 2 packed"));
 }

@@ -252,7 +252,7 @@ void validate_page_table(const AttentionProblem& p, const std::vector<int>& tabl
 
 bool takes_cache_forms(const AttentionProblem& p, const CacheForms& takes) {
   return (p.kv_lens.empty() || takes.kv_lens) && (!p.paged() || takes.paged) &&
-         (!(p.causal && p.causal_align == CausalAlign::bottom_right) || takes.bottom_right) &&
+         (!((p.causal || p.windowed()) && p.causal_align == CausalAlign::bottom_right) || takes.bottom_right) &&
          (takes.max_q_len == 0 || p.q_len <= takes.max_q_len);
 }
 
@@ -264,7 +264,9 @@ void refuse_cache_forms(const char* step, const AttentionProblem& p, const Cache
   if (p.paged() && !takes.paged)
     throw_unsupported(step, "page_size", std::to_string(p.page_size),
                       "0 (K and V contiguous, [batch, kv_len, kv_heads, head_dim])" + others);
-  if (p.causal && p.causal_align == CausalAlign::bottom_right && !takes.bottom_right)
+  // The alignment places the causal diagonal and a window's alike: a step that aligns at the first key would
+  // compute a bottom-right window at the wrong keys, so it refuses one as it refuses the bottom-right causal mask.
+  if ((p.causal || p.windowed()) && p.causal_align == CausalAlign::bottom_right && !takes.bottom_right)
     throw_unsupported(step, "causal_align", to_string(p.causal_align), "top-left" + others);
   if (takes.max_q_len > 0 && p.q_len > takes.max_q_len)
     throw_unsupported(step, "q_len", std::to_string(p.q_len),

@@ -101,6 +101,39 @@ for dtype in dtypes:
 print(f"flash_attn_func, packed forms, gradients: {cases} cases; chose {last_choice()['forward']} / "
       f"{last_choice()['backward']}")
 
+# One new token under a window (a Gemma 2 or gpt-oss decoding step without a cache object): the call passes the
+# window's last keys alone, so a step without the bottom-right diagonal takes it; O and the gradients of the whole
+# q, k, v (zero outside the window) as the bottom-right reference's.
+if hopper:
+    for d, feat in ((256, dict(causal=True, window_size=(63, -1), softcap=50.0)), (128, dict(window_size=(40, 17))),
+                    (128, dict(causal=True, window_size=(500, 0)))):
+        q = rand(2, 1, 4, d, dtype=torch.bfloat16, grad=True)
+        k, v = rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True), rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True)
+        name = f"one new token, d={d} {feat}"
+        out = flash_attn_func(q, k, v, **feat)
+        kw = dict(causal=feat.get("causal", False), window=feat["window_size"], softcap=feat.get("softcap", 0.0))
+        ref32, _ = reference(q, k, v, **kw)
+        ref16, _ = reference(q, k, v, upcast=False, **kw)
+        within_rule(name + " O", out, ref32, ref16)
+        g = torch.randn_like(out)
+        for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
+                                  torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
+            within_rule(f"{name} d{t}", a, b32, b16)
+    print(f"one new token under a window: 3 cases, the last through {last_choice()['forward']} / "
+          f"{last_choice()['backward']}")
+
+# A few new tokens over more keys without a cache object (speculative decoding's verification): the diagonal, and a
+# window, at the last key (FlashAttention's alignment), which the decode steps take; no gradient (no backward step
+# takes that alignment).
+for n_new, feat in ((4, dict(causal=True)), (3, dict(window_size=(50, 10))), (8, dict(causal=True, window_size=(64, -1)))):
+    q = rand(2, n_new, 8, 128, dtype=torch.bfloat16)
+    k, v = rand(2, 300, 2, 128, dtype=torch.bfloat16), rand(2, 300, 2, 128, dtype=torch.bfloat16)
+    out = flash_attn_func(q, k, v, **feat)
+    kw = dict(causal=feat.get("causal", False), window=feat.get("window_size", (-1, -1)))
+    within_rule(f"{n_new} new tokens over 300 keys {feat} O", out, reference(q, k, v, **kw)[0],
+                reference(q, k, v, upcast=False, **kw)[0])
+print(f"a few new tokens over more keys, bottom-right: 3 cases, the last through {last_choice()['forward']}")
+
 # A pack (varlen) against each sequence alone, causal, with its gradients; the padding helpers round trip.
 if hopper:
     for dtype in dtypes:
@@ -134,7 +167,7 @@ if hopper:
 # A KV cache: new keys appended in place (contiguous and paged), rotary on the new q and k, 1 and 4 new tokens.
 for dtype in dtypes:
     for paged in (False, True):
-        for n_new in (1, 4):
+        for n_new, causal in ((1, True), (4, True), (4, False)):
             b, cap, hq, hkv, d = 3, 256, 8, 2, 128
             seqlens = torch.tensor([0, 17, 200], dtype=torch.int32, device=dev)
             k_all, v_all = rand(b, cap, hkv, d, dtype=dtype), rand(b, cap, hkv, d, dtype=dtype)
@@ -154,22 +187,22 @@ for dtype in dtypes:
             else:
                 table, k_cache, v_cache = None, k_all.clone(), v_all.clone()
             out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
-                                          cache_seqlens=seqlens, block_table=table, causal=True,
+                                          cache_seqlens=seqlens, block_table=table, causal=causal,
                                           rotary_interleaved=False)
             q_ro = apply_rotary_emb(q, cos, sin, seqlen_offsets=seqlens)
             k_ro = apply_rotary_emb(k_new, cos, sin, seqlen_offsets=seqlens)
-            name = f"kvcache {dtype} {'paged' if paged else 'contiguous'} {n_new} new"
+            name = f"kvcache {dtype} {'paged' if paged else 'contiguous'} {n_new} new{'' if causal else ', no mask'}"
             for i in range(b):
                 n = int(seqlens[i]) + n_new
                 keys = torch.cat([k_all[i, :int(seqlens[i])], k_ro[i]]).unsqueeze(0)
                 vals = torch.cat([v_all[i, :int(seqlens[i])], v_new[i]]).unsqueeze(0)
-                r32, _ = reference(q_ro[i:i + 1], keys, vals, causal=True)
-                r16, _ = reference(q_ro[i:i + 1], keys, vals, causal=True, upcast=False)
+                r32, _ = reference(q_ro[i:i + 1], keys, vals, causal=causal)
+                r16, _ = reference(q_ro[i:i + 1], keys, vals, causal=causal, upcast=False)
                 within_rule(f"{name} sequence {i}", out[i:i + 1], r32, r16)
                 stored = (k_cache[table[i].long()].reshape(cap, hkv, d) if paged else k_cache[i])[:n]
                 if not torch.equal(stored[int(seqlens[i]):], k_ro[i]):
                     failures.append(f"{name}: the cache does not hold sequence {i}'s new (rotated) keys")
-print(f"flash_attn_with_kvcache: contiguous and paged, 1 and 4 new tokens, rotary; chose {last_choice()['forward']}")
+print(f"flash_attn_with_kvcache: contiguous and paged, 1 and 4 new tokens, causal and not, rotary; chose {last_choice()['forward']}")
 
 # Refusals by name, before any GPU work.
 q = rand(1, 100, 4, 64, dtype=torch.float16, grad=True)

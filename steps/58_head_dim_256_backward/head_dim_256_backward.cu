@@ -107,7 +107,7 @@ constexpr int kDqHandOver = kConsumerThreads + kWarpSize;  ///< threads that mee
 /// At d = 256 (no dQ buffers, so no dQ barriers): warpgroup 0 has written P^T for warpgroup 1 ("ready"), and
 /// warpgroup 1 has read it ("free"); warpgroup 0 arrives at the first and waits at the second, warpgroup 1 the reverse.
 constexpr int kPReadyBarrier = 7;
-constexpr int kPFreeBarrier = 8;
+constexpr int kPFreeBarrier = 8;  ///< warpgroup 1 has read P^T: warpgroup 0 may write the next
 
 /// Bytes after dS^T: the dQ buffers, or at d = 256 P^T in floats, warpgroup 0's hand-over to warpgroup 1 (two dQ
 /// buffers of 64 x 256 floats would be 128 KiB there; the dQ pieces go to global memory by atomics instead).

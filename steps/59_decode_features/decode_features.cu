@@ -62,9 +62,11 @@ template <int D> constexpr int kRingBytes = kStages * kWarps * 2 * kSliceBytes<D
 /// over it (the capped kernel's S = cap_log2 tanh(scale_over_cap q.k)), and each query head's sink logit (nullptr: no
 /// sinks).
 struct Model {
-  int window_left, window_right;
-  float cap_log2, scale_over_cap;
-  const float* sinks;
+  int window_left;       ///< keys before the row's diagonal it sees (-1: open)
+  int window_right;      ///< keys after it (-1: open; the causal mask's 0 where causal)
+  float cap_log2;        ///< the cap in log2 units (0: no cap)
+  float scale_over_cap;  ///< the softmax scale over the cap
+  const float* sinks;    ///< each query head's sink logit, or nullptr
 };
 
 /// Block (split, kv_h x chunks + chunk, b): the keys of split `split` of sequence b's span (the keys its new tokens

@@ -12,8 +12,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import fa_course  # noqa: E402
 from fa_course.flash_attn import Refusal  # noqa: E402  (no PyTorch: the package loads its API lazily)
-from fa_course.flash_attn.choose import (Problem, choose, refuse_unimplemented, runs_on, window_of,  # noqa: E402
-                                         windowed)
+from fa_course.flash_attn.choose import (Problem, choose, one_new_token, refuse_unimplemented,  # noqa: E402
+                                         runs_on, window_of, windowed)
 
 assert "torch" not in sys.modules, "fa_course.flash_attn.choose must not need PyTorch"
 steps = fa_course.steps()
@@ -132,5 +132,14 @@ assert window_of((16, 3), False) == (16, 3) and window_of((-5, 7), True) == (-1,
 # Causal alone is no window (the steps without one take it); a left side, or a right side without causal, is one.
 assert not windowed(*window_of((-1, -1), True), True) and windowed(*window_of((128, -1), True), True)
 assert windowed(-1, 5, False) and not windowed(-1, -1, False)
+# One new token a sequence: no mask; a batch's window keeps its last left + 1 keys (a slice), a pack's stays.
+assert one_new_token(1, 300, 63, 0, True, False) == (236, False, -1, -1)      # Gemma 2 decoding: keys 236-299
+assert one_new_token(1, 300, 40, 17, False, False) == (259, False, -1, -1)    # the right side: no key past the last
+assert one_new_token(1, 300, 299, 0, True, False) == (0, False, -1, -1)       # the window holds every key
+assert one_new_token(1, 300, 500, 0, True, False) == (0, False, -1, -1)
+assert one_new_token(1, 300, -1, 0, True, True) == (0, False, -1, -1)         # causal alone: a pack too
+assert one_new_token(1, 300, 63, 0, True, True) == (0, True, 63, 0)           # a pack's window: kept
+assert one_new_token(2, 300, 63, 0, True, False) == (0, True, 63, 0)          # two new tokens: kept
+assert one_new_token(1, 1, -1, -1, False, False) == (0, False, -1, -1)
 print(f"fa_course.flash_attn chooses: Hopper forward {hopper_forward} (d = 256: {d256}), backward {hopper_backward}, "
       f"decode {decode}; Ampere 18 and 28; refusals named")

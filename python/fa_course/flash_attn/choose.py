@@ -157,3 +157,16 @@ def windowed(left: int, right: int, causal: bool) -> bool:
     """Whether (left, right) bounds a row beyond the causal mask: a left side, or a right side without causal (the
     kit's AttentionProblem::windowed()). Causal alone, (-1, 0), is no window."""
     return left >= 0 or (right >= 0 and not causal)
+
+
+def one_new_token(q_len: int, kv_len: int, left: int, right: int, causal: bool, varlen: bool):
+    """A call of one new token a sequence, simplified: (the first key it needs, causal, left, right). Its diagonal at
+    the bottom right is the last key, so causal hides nothing; a window's left side keeps the last left + 1 keys, its
+    right side none past the last (there are none). Of a batch (not a pack) those keys are one slice, so the call
+    runs on the slice with no mask at all, on any step, bottom-right or not (a Gemma 2 or gpt-oss decoding step);
+    a pack's sequences would each need their own slice, so its window stays. Anything else is returned as it is."""
+    window = windowed(left, right, causal)
+    if q_len > 1 or (window and varlen):
+        return 0, causal, left, right
+    first = kv_len - 1 - left if window and 0 <= left < kv_len - 1 else 0
+    return first, False, -1, -1

@@ -26,7 +26,7 @@ import torch
 
 from .. import _ext
 from .. import torch as _course
-from .choose import Problem, Refusal, choose, refuse_unimplemented, window_of, windowed
+from .choose import Problem, Refusal, choose, one_new_token, refuse_unimplemented, window_of, windowed
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 USE_TRITON_ROCM = False  # FlashAttention's flag for its ROCm backend, which its tests read; the course is CUDA's
@@ -104,11 +104,11 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
     else:
         q_len, kv_len = q.shape[1], k.shape[1]
         unequal = q_len != kv_len
+    # One new token a sequence (a decoding step's query over the whole cache): no mask, on the window's keys alone.
+    first, causal, left, right = one_new_token(q_len, kv_len, left, right, bool(causal), varlen)
+    if first:  # a slice: autograd carries dK and dV back to the whole k and v
+        k, v, kv_len = k[:, first:], v[:, first:], kv_len - first
     window = windowed(left, right, causal)
-    if causal and not window and q_len <= 1:
-        # One new token a sequence: its diagonal at the bottom right is its sequence's last key, so the mask hides
-        # nothing (a decoding step's query over the whole cache) and any step computes FlashAttention's answer.
-        causal, left, right = False, -1, -1
     problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q_len, kv_len, causal=bool(causal),
                       bottom_right=unequal, window=window, softcap=bool(softcap), sinks=sinks is not None,
                       varlen=varlen)
@@ -116,12 +116,16 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     features = dict(window_size=(left, right), softcap=float(softcap or 0.0), cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_k=cu_seqlens_k)
+    # FlashAttention's alignment: with seqlen_q != seqlen_k the mask's (and a window's) diagonal at the last key. The
+    # chooser took a step that declares it (a decode step); the step must be told, or it computes the top-left mask.
+    # No backward step takes it, so a call with a gradient never gets here with it.
+    aligned = "bottom-right" if unequal and (causal or window) else "top-left"
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     sinks = None if sinks is None else sinks.float().contiguous()
     if backward_step is None:
         with torch.no_grad():
             out, lse = _course.forward(forward_step, q, k, v, causal=bool(causal), scale=scale, sinks=sinks,
-                                       **features)
+                                       causal_align=aligned, **features)
     else:  # the LSE from the same forward the gradient goes through
         out, lse = _WithLse.apply(q, k, v, sinks, forward_step, backward_step, bool(causal), scale, features)
     return (out, lse, None) if return_attn_probs else out
@@ -278,9 +282,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                       cache=True, paged=block_table is not None)
     step, _ = _choose("flash_attn_with_kvcache", problem, q.device, needs_grad=False)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    # The new tokens' diagonal at each sequence's last key; without a mask or a window there is none to place (the
+    # kit refuses an alignment with nothing to align).
+    aligned = "bottom-right" if causal or problem.window else "top-left"
     with torch.no_grad():
         out, lse = _course.forward(step, q.contiguous(), k_cache, v_cache, causal=bool(causal), scale=scale,
-                                   causal_align="bottom-right", kv_lens=kv_lens,
+                                   causal_align=aligned, kv_lens=kv_lens,
                                    page_table=None if block_table is None else block_table.to(torch.int32),
                                    window_size=(left, right), softcap=float(softcap or 0.0))
     return (out, lse) if return_softmax_lse else out

@@ -203,12 +203,16 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // aligned bottom-right, sinks beside rows that see no key (LSE = the sink), and packs where each sequence has its
   // own offset kv_len - q_len, the longest ones' (the pack's q_len and kv_len) none of theirs: sequences of no rows and
   // no keys, q_len > kv_len, equal, fewer rows than keys.
-  auto bottom_right = [&](const std::string& name, AttentionProblem p, int left = -1, bool sinks = false) {
+  // right >= 0: a window (left, right) without the mask (FlashAttention's causal=False, window_size=(left, right)),
+  // its diagonal at the last key all the same.
+  auto bottom_right = [&](const std::string& name, AttentionProblem p, int left = -1, bool sinks = false,
+                          int right = -1) {
     if (max_len > 0 && (p.q_len > max_len || p.kv_len > max_len)) return;
-    p.causal = true, p.causal_align = CausalAlign::bottom_right, p.window_left = left, p.sinks = sinks;
+    p.causal = right < 0, p.causal_align = CausalAlign::bottom_right, p.window_left = left, p.sinks = sinks;
+    p.window_right = right;
     for (DType dtype : dtypes) {
       p.dtype = dtype;
-      out.push_back({"bottom-right causal: " + name, p, InputKind::uniform});
+      out.push_back({(p.causal ? "bottom-right causal: " : "bottom-right window: ") + name, p, InputKind::uniform});
     }
   };
   auto bottom_right_pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
@@ -235,6 +239,10 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   bottom_right("a window (50, 0), q_len > kv_len: the first 200 rows see no key", problem(1, 300, 100, 2, 1, d0), 50);
   bottom_right("sinks, q_len > kv_len: the rows that see no key have the sink's LSE", problem(1, 300, 100, 4, 2, d0),
                -1, true);
+  bottom_right("(40, 17) without the mask, 200 rows over 700 keys, GQA 8/2", problem(1, 200, 700, 8, 2, d0), 40, false,
+               17);
+  bottom_right("(30, 50) without the mask, q_len > kv_len: its right side reaches past the last key, and the first 150 "
+               "rows see no key", problem(1, 300, 100, 4, 2, d0), 30, false, 50);
   bottom_right_pack("no rows, no keys, q_len > kv_len, equal, fewer rows than keys, GQA 8/2",
                     problem(1, 1, 1, 8, 2, d0), {300, 1, 0, 100, 129, 64, 5}, {1000, 5, 7, 37, 129, 0, 300});
   bottom_right_pack("a window (32, 0), each sequence's own diagonal", problem(1, 1, 1, 4, 2, d0), {200, 50, 300, 1},
@@ -246,12 +254,16 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // see no key; all three at once. A window is aligned bottom-right, as FlashAttention's decode (new token i sits at
   // key kv_len - q_len + i). K and V rows before the first key a sequence's rows see are NaN (prepare()): a kernel
   // that reads a tile, page or split outside the window fails, not only one that weighs it.
+  // right >= 0: a window (left, right) without the mask, its diagonal at the last key all the same.
   auto decode_feature = [&](const std::string& name, AttentionProblem p, std::vector<int> lens, int page_size,
-                            int left, float cap, bool sinks, InputKind kind = InputKind::uniform) {
-    p.window_left = left, p.softcap = cap, p.sinks = sinks;
+                            int left, float cap, bool sinks, InputKind kind = InputKind::uniform, int right = -1) {
+    p.window_left = left, p.window_right = right, p.softcap = cap, p.sinks = sinks;
     const std::size_t before = out.size();
     cache("decode features: " + name, p, std::move(lens), page_size, left >= 0 || p.q_len > 1, kind);
-    for (std::size_t i = before; i < out.size(); ++i) out[i].forward_only = true;  // inference has no backward
+    for (std::size_t i = before; i < out.size(); ++i) {
+      out[i].forward_only = true;  // inference has no backward
+      if (right >= 0) out[i].problem.causal = false;
+    }
   };
   decode_feature("window (5, 0) smaller than a page, paged (16), a sequence shorter than the window",
                  problem(3, 1, 4800, 8, 2, d0), {4800, 1237, 3}, 16, 5, 0.f, false);
@@ -267,6 +279,8 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
                  {1024, 41}, 16, 37, 0.f, false);
   decode_feature("window (300, 0) larger than the sequences, 5 new tokens, MQA 8/1, paged (64)",
                  problem(3, 5, 256, 8, 1, d0), {256, 100, 4}, 64, 300, 0.f, false);
+  decode_feature("window (50, 10) without the mask, 3 new tokens: its right side past the last key, paged (16)",
+                 problem(2, 3, 704, 8, 2, d0), {700, 40}, 16, 50, 0.f, false, InputKind::uniform, 10);
   decode_feature("cap of 5 saturated by wide scores, several splits, contiguous", problem(3, 1, 3000, 8, 2, d0),
                  {3000, 1500, 1}, 0, -1, 5.f, false, InputKind::wide_10);
   decode_feature("cap of 5 with a window (200, 0), 3 new tokens, paged (64)", problem(2, 3, 2048, 8, 2, d0),

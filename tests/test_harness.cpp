@@ -138,7 +138,7 @@ TEST_CASE("the decode feature cases: windows about a page, caps of 5, sinks over
           "that take the feature", "[cpu][harness]") {
   const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64, 128}, 0, Pass::forward);
   bool small_window = false, mid_page = false, own_key = false, two_row_tiles = false, shorter_than_window = false,
-       cap_5 = false, dominant_sinks_split = false, sink_no_key = false, all_three = false;
+       cap_5 = false, dominant_sinks_split = false, sink_no_key = false, all_three = false, unmasked_window = false;
   std::set<int> page_sizes;
   int count = 0;
   for (const test::Case& c : cases) {
@@ -149,7 +149,9 @@ TEST_CASE("the decode feature cases: windows about a page, caps of 5, sinks over
     CHECK_NOTHROW(validate(p));
     CHECK(!p.kv_lens.empty());  // a cache's form: no forward step without one takes it
     CHECK((p.windowed() || p.softcap > 0 || p.sinks));
-    if (p.windowed()) CHECK((p.causal && p.causal_align == CausalAlign::bottom_right));
+    if (p.windowed()) CHECK(p.causal_align == CausalAlign::bottom_right);
+    // A window without the mask over several new tokens: the kernel's diagonal must be bottom-right without it too.
+    unmasked_window |= p.windowed() && !p.causal && p.window_right >= 0 && p.q_len > 1;
     // Taken by the decode steps that take the features, and by no other step of the registry.
     for (const StepInfo& step : all_steps())
       if (step.supports(p))
@@ -195,6 +197,7 @@ TEST_CASE("the decode feature cases: windows about a page, caps of 5, sinks over
   CHECK(dominant_sinks_split);
   CHECK(sink_no_key);
   CHECK(all_three);
+  CHECK(unmasked_window);
   CHECK(page_sizes.count(16) == 1);
   CHECK(page_sizes.count(64) == 1);
 }
@@ -327,16 +330,18 @@ TEST_CASE("the bottom-right prefill cases: a chunk over a prefix, rows that see 
           "offsets, taken only by the prefill steps that declare bottom-right", "[cpu][harness]") {
   const std::vector<test::Case> cases = test::graded_cases({DType::f16}, {64, 128, 256}, 0, Pass::backward);
   bool chunk = false, no_key_rows = false, empty_tile = false, equal = false, gqa = false, mqa = false, window = false,
-       sinks = false, own_offsets = false, no_rows = false, no_keys = false;
+       sinks = false, own_offsets = false, no_rows = false, no_keys = false, unmasked_window = false;
   std::set<int> head_dims;
   int count = 0;
   for (const test::Case& c : cases) {
     const AttentionProblem& p = c.problem;
-    if (c.name.rfind("bottom-right causal: ", 0) != 0) continue;
+    if (c.name.rfind("bottom-right causal: ", 0) != 0 && c.name.rfind("bottom-right window: ", 0) != 0) continue;
     ++count;
     INFO(c.describe());
     CHECK_NOTHROW(validate(p));
-    CHECK((p.causal && p.causal_align == CausalAlign::bottom_right && p.kv_lens.empty() && !p.paged()));
+    CHECK(((p.causal || p.windowed()) && p.causal_align == CausalAlign::bottom_right && p.kv_lens.empty() &&
+           !p.paged()));
+    unmasked_window |= !p.causal && p.window_right >= 0;
     CHECK(p.q_len > 8);  // no decode step (8 new tokens at most) takes them: prefill's own cases
     head_dims.insert(p.head_dim);
     gqa |= p.q_heads > p.kv_heads && p.kv_heads > 1;
@@ -369,8 +374,9 @@ TEST_CASE("the bottom-right prefill cases: a chunk over a prefix, rows that see 
     for (int b = 0; b < p.batch; ++b)
       for (int i = 0; i < p.q_len_of(b); ++i) {
         const bool sees_none = p.keys_range(b, i).count() == 0;
-        CHECK(sees_none == (p.kv_len_of(b) - p.q_len_of(b) + i < 0 ||
-                            p.keys_range(b, i).first >= p.kv_len_of(b)));
+        // Before any key: the diagonal (causal) or the window's right side past it (without the mask).
+        const int last_seen = p.kv_len_of(b) - p.q_len_of(b) + i + (p.causal ? 0 : p.window_right);
+        CHECK(sees_none == (last_seen < 0 || p.keys_range(b, i).first >= p.kv_len_of(b)));
         if (!sees_none) continue;
         for (int h = 0; h < p.q_heads; ++h)
           CHECK(prep.expected_lse[std::size_t(p.lse_index(b, i, h))] == (p.sinks ? prep.inputs.sinks.get(h) : -INFINITY));
@@ -396,6 +402,7 @@ TEST_CASE("the bottom-right prefill cases: a chunk over a prefix, rows that see 
   CHECK(mqa);
   CHECK(window);
   CHECK(sinks);
+  CHECK(unmasked_window);
   CHECK(own_offsets);
   CHECK(no_rows);
   CHECK(no_keys);

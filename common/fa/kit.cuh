@@ -172,7 +172,7 @@ struct Cache {
   int kv_len;             ///< the cache's capacity per sequence
   int page_size;          ///< tokens per page (0: K and V contiguous)
   int pages;              ///< pages in the pool (paged)
-  bool bottom_right;      ///< with the causal mask: aligned to each sequence's end
+  bool bottom_right;      ///< the causal mask's or a window's diagonal aligned to each sequence's end
   int* status;            ///< int32[4]: the record of a refused value (CacheFault), or nullptr
 
   /// Keys of sequence b (0 for a length outside 0 .. kv_len, recorded).
@@ -201,7 +201,7 @@ struct Cache {
 /// The cache view of problem p on tensors t.
 inline Cache cache(const AttentionProblem& p, const AttentionTensors& t) {
   return {t.kv_lens, t.page_table, p.kv_len, p.page_size, p.pages,
-          p.causal && p.causal_align == CausalAlign::bottom_right, t.cache_status};
+          (p.causal || p.windowed()) && p.causal_align == CausalAlign::bottom_right, t.cache_status};
 }
 
 /// a / b rounded up: how many tiles of b cover a.

@@ -134,6 +134,26 @@ for n_new, feat in ((4, dict(causal=True)), (3, dict(window_size=(50, 10))), (8,
                 reference(q, k, v, upcast=False, **kw)[0])
 print(f"a few new tokens over more keys, bottom-right: 3 cases, the last through {last_choice()['forward']}")
 
+# More rows than a decode step takes over more keys (a prompt's chunk over its cached prefix), causal and with a
+# window without the mask, their diagonal at the last key, with gradients: on Hopper steps 60 and 61 take it.
+if hopper:
+    for n_q, n_k, feat in ((100, 300, dict(causal=True)), (200, 700, dict(window_size=(40, 17))),
+                           (300, 100, dict(causal=True))):
+        q = rand(2, n_q, 8, 64, dtype=torch.float16, grad=True)
+        k, v = rand(2, n_k, 2, 64, dtype=torch.float16, grad=True), rand(2, n_k, 2, 64, dtype=torch.float16, grad=True)
+        name = f"{n_q} rows over {n_k} keys {feat}"
+        out = flash_attn_func(q, k, v, **feat)
+        kw = dict(causal=feat.get("causal", False), window=feat.get("window_size", (-1, -1)))
+        ref32, _ = reference(q, k, v, **kw)
+        ref16, _ = reference(q, k, v, upcast=False, **kw)
+        within_rule(name + " O", out, ref32, ref16)
+        g = torch.randn_like(out)
+        for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
+                                  torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
+            within_rule(f"{name} d{t}", a, b32, b16)
+    print(f"a chunk over more keys, bottom-right: 3 cases, through {last_choice()['forward']} / "
+          f"{last_choice()['backward']}")
+
 # A pack (varlen) against each sequence alone, causal, with its gradients; the padding helpers round trip.
 if hopper:
     for dtype in dtypes:
@@ -189,7 +209,13 @@ for dtype in dtypes:
             out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                           cache_seqlens=seqlens, block_table=table, causal=causal,
                                           rotary_interleaved=False)
-            q_ro = apply_rotary_emb(q, cos, sin, seqlen_offsets=seqlens)
+            # FlashAttention's rule: q rotated at its own positions if causal (or local), else every new token at the
+            # cache's length (the tokens as heads of one position).
+            if causal:
+                q_ro = apply_rotary_emb(q, cos, sin, seqlen_offsets=seqlens)
+            else:
+                q_one = q.reshape(b, 1, n_new * hq, d)
+                q_ro = apply_rotary_emb(q_one, cos, sin, seqlen_offsets=seqlens).reshape(q.shape)
             k_ro = apply_rotary_emb(k_new, cos, sin, seqlen_offsets=seqlens)
             name = f"kvcache {dtype} {'paged' if paged else 'contiguous'} {n_new} new{'' if causal else ', no mask'}"
             for i in range(b):
@@ -210,7 +236,8 @@ kv = rand(1, 300, 4, 64, dtype=torch.float16)
 expect_refusal("dropout", ["dropout_p"], lambda: flash_attn_func(q, q, q, dropout_p=0.1))
 expect_refusal("ALiBi", ["alibi_slopes"], lambda: flash_attn_func(q, q, q, alibi_slopes=torch.ones(4, device=dev)))
 expect_refusal("deterministic", ["deterministic"], lambda: flash_attn_func(q, q, q, deterministic=True))
-expect_refusal("bottom-right causal", ["bottom-right"], lambda: flash_attn_func(q, kv, kv, causal=True))
+if not hopper:  # no Ampere step takes the diagonal at the last key
+    expect_refusal("bottom-right causal", ["bottom-right"], lambda: flash_attn_func(q, kv, kv, causal=True))
 expect_refusal("head_dim 96", ["head_dim 96"], lambda: flash_attn_func(*(rand(1, 8, 2, 96, dtype=torch.float16),) * 3))
 expect_refusal("cache_batch_idx", ["cache_batch_idx"],
                lambda: flash_attn_with_kvcache(q[:, :1], kv, kv, cache_batch_idx=torch.zeros(1, device=dev)))

@@ -13,7 +13,8 @@ skipped with the refusal printed).
     PYTHONPATH=build/python python3 python/tests/ring_attention.py           # one process per GPU (spawned)
     PYTHONPATH=build/python torchrun --nproc-per-node 2 python/tests/ring_attention.py
 
-Not yet run on a GPU (written on a machine without one); not registered with ctest until it has been.
+Passed on 2 H200s (session 19: docs/results/runs/h200-2026-11-29-session-19.txt); in ctest with the module's other
+GPU scripts (skipped on a host of one GPU).
 """
 import os
 import socket

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Ring attention's CPU parts (fa_course.context_parallel.plan and .loop) without a GPU or PyTorch: the ring run in
+"""Ring attention's CPU parts (steps 62, 63: context_parallel.loop, .plan, .merge), no GPU or PyTorch: the ring run in
 one process, one thread per rank, numpy attention in float64 as the kernel, against attention over the whole sequence.
 
 Checks: the tiny attention's gradients by finite differences (so the reference is right); every rank's blocks cover
@@ -17,7 +17,7 @@ import numpy as np
 
 # First: it loads fa_course.context_parallel from the source tree, without the compiled module.
 from context_parallel_numpy import attend, attend_backward, check_gradients, random
-from fa_course.context_parallel import loop, plan
+from fa_course.context_parallel import loop, merge, plan
 
 assert "torch" not in sys.modules, "plan and loop must not need PyTorch"
 
@@ -35,7 +35,7 @@ with np.errstate(all="raise"):  # a log(0), 0/0 or inf - inf in the merge raises
     lse_b = np.array([[[-np.inf, 1.5, -np.inf, 2.0]]])
     o_a[:, 1], o_b[:, 0] = 0.0, 0.0   # a part that saw no key of a row holds O = 0 there, as the kernels write it
     o_a[:, 2], o_b[:, 2] = 0.0, 0.0
-    out, lse = plan.merge(o_a, lse_a, o_b, lse_b, np)
+    out, lse = merge.merge(o_a, lse_a, o_b, lse_b, np)
     assert not np.isnan(out).any() and not np.isnan(lse).any(), (out, lse)
     assert np.array_equal(out[:, 0], o_a[:, 0]) and lse[0, 0, 0] == 0.5      # only a saw keys
     assert np.array_equal(out[:, 1], o_b[:, 1]) and lse[0, 0, 1] == 1.5      # only b
@@ -44,10 +44,10 @@ with np.errstate(all="raise"):  # a log(0), 0/0 or inf - inf in the merge raises
     assert np.allclose(out[:, 3], w[0] * o_a[:, 3] + w[1] * o_b[:, 3], rtol=0, atol=1e-15)
     assert np.isclose(lse[0, 0, 3], np.logaddexp(3.0, 2.0), rtol=0, atol=1e-15)
     # The ring's first merge: the accumulators (O = 0, LSE = -inf) with a block's partials give the partials back.
-    out, lse = plan.merge(np.zeros_like(o_b), np.full_like(lse_b, -np.inf), o_b, lse_b, np)
+    out, lse = merge.merge(np.zeros_like(o_b), np.full_like(lse_b, -np.inf), o_b, lse_b, np)
     assert np.array_equal(out, o_b) and np.array_equal(lse, lse_b)
     # float32 accumulation: a half-precision O with float32 LSE merges in float32.
-    out, lse = plan.merge(o_a.astype(np.float16), lse_a.astype(np.float32), o_b.astype(np.float16),
+    out, lse = merge.merge(o_a.astype(np.float16), lse_a.astype(np.float32), o_b.astype(np.float16),
                           lse_b.astype(np.float32), np)
     assert out.dtype == np.float32 and lse.dtype == np.float32, (out.dtype, lse.dtype)
 

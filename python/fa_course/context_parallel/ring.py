@@ -1,9 +1,9 @@
-"""Ring attention over torch.distributed: plan.py's schedule and loop.py's loops on the course's kernels and NCCL.
+"""Ring attention over torch.distributed: steps 62 and 63 (loop.py, plan.py) on the course's kernels and NCCL.
 
 One process per GPU (torchrun). Each rank passes its share of the sequence, q [B, n, Hq, d], k and v [B, n, Hkv, d]
 as FlashAttention lays tensors out: with causal=True the zigzag share (plan.zigzag_indices: chunk r and chunk
 2*world-1-r), else any equal share. ring_attention returns this rank's rows of O, differentiable in q, k and v. Each
-block runs through fa_course.torch.forward/backward (the course's steps); O and LSE merge in float32 (plan.merge);
+block runs through fa_course.torch.forward/backward (the course's steps); O and LSE merge in float32 (merge.py);
 dQ, dK, dV accumulate in float32 and are cast to the inputs' type once, at the end. The K/V (and in the backward the
 dK/dV accumulators) go to the next rank through NCCL (batch_isend_irecv), issued from a side stream, so the block's
 kernel runs while they travel.

@@ -1,4 +1,4 @@
-"""The all-to-all form of context parallelism (DeepSpeed-Ulysses): swap sequence shards for head shards and back.
+"""Step 64, the all-to-all form of context parallelism (DeepSpeed-Ulysses): swap sequence shards for head shards.
 
 Each rank holds its tokens of every head, q [B, n, Hq, d], k and v [B, n, Hkv, d] (n = N / world tokens, the split of
 plan.split_indices). One all-to-all gives every rank all N tokens of its own heads, [B, N, Hq / world, d]: attention

@@ -9,7 +9,8 @@ cannot go stale as steps are added.
     python3 tools/check_prose.py --root DIR               # another tree (the tests use a copy)
 
 The facts: every step's id, folder, oldest GPU (`min_arch`, and `arch_specific` for sm_90a: runs on sm_90
-alone), pass, dtypes and whether it takes a KV cache; from them each step's part of the course (CUDA cores,
+alone), pass, dtypes and whether it takes a KV cache, and the Python steps of steps/python_steps.tsv (schedules over
+the kernels across GPUs, in no C++ registry: their part is context parallelism); from them each step's part of the course (CUDA cores,
 mma.sync, Hopper, backward, inference: decode), each one run of consecutive numbers in reading order (a step added
 to a part after the next part began is numbered into its part and the steps after it renumbered, as step 41 was on
 2026-11-28: tools/plots.py's OLD_TO_NEW). Also every
@@ -70,6 +71,7 @@ PARTS = [  # (key, name), in reading order
     ("backward", "The backward pass"),
     ("decode", "Inference: decode"),
     ("features", "Model features"),
+    ("context-parallel", "Past one GPU: context parallelism"),
 ]
 DTYPE = {"float": "f32", "__half": "f16", "__nv_bfloat16": "bf16"}
 # GPU classes a class might have, oldest first: (name, compute capability). CUDA 13's nvcc builds for
@@ -93,13 +95,18 @@ class Step:
     decode: bool = False
     features: bool = False
     dtypes: tuple = ()
+    gpus: int = 0  # a Python step (steps/python_steps.tsv): the GPUs of one host it needs; 0 for a kernel step
 
     @property
     def gpu(self) -> str:
+        if self.gpus:
+            return f"{self.gpus} GPUs"
         return f"sm_{self.min_arch}{'a' if self.arch_specific else ''}" if self.min_arch else "any"
 
     @property
     def part(self) -> str:
+        if self.gpus:  # a schedule over the kernels across GPUs (steps 62-64)
+            return "context-parallel"
         if self.features:  # before decode: step 59 takes the features in decode, a model-features step
             return "features"
         if self.decode:
@@ -111,6 +118,8 @@ class Step:
         return "mma-sync" if self.min_arch else "cuda-cores"
 
     def runs_on(self, cc: int) -> bool:
+        if self.gpus:  # not one GPU's: the GPU classes table leaves it out
+            return False
         if self.arch_specific:
             return cc == self.min_arch
         return cc >= max(self.min_arch, 75)
@@ -148,6 +157,17 @@ def number(text: str) -> int | None:
     return None
 
 
+def python_steps(root: str) -> list:
+    """The Python steps, from steps/python_steps.tsv (id, folder, lesson file, GPUs, summary): schedules over the
+    kernels, in no C++ registry, so neither fa-run --list nor a .cu's Support has them."""
+    path = os.path.join(root, "steps", "python_steps.tsv")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line[:1].isdigit()]
+    return [Step(id=row[0], dir=row[1], gpus=int(row[3])) for row in rows]
+
+
 def steps_from_sources(root: str) -> list:
     """Each step's facts from its own compile-time Support: the struct of the file that exports
     `launcher()` (the step's first variant in the registry), or the step's only one."""
@@ -173,7 +193,7 @@ def steps_from_sources(root: str) -> list:
             arch_specific=bool(re.search(r"arch_specific\s*=\s*true", body)),
             backward="Pass::backward" in body, decode="cache_forms" in body, features="Features features{" in body,
             dtypes=tuple(DTYPE[t.strip()] for t in dtypes.group(1).split(",")) if dtypes else ()))
-    return steps
+    return steps + python_steps(root)
 
 
 def steps_from_fa_run(fa_run: str, root: str) -> list:
@@ -196,7 +216,7 @@ def steps_from_fa_run(fa_run: str, root: str) -> list:
                           arch_specific=bool(m and m.group(2)), backward=pass_ == "backward",
                           decode="[KV cache:" in line[59:], features="[features:" in line[59:],
                           dtypes=tuple(d.strip() for d in line[14:29].split(","))))
-    return steps
+    return steps + python_steps(root)
 
 
 def labels_from_registry(root: str) -> list:
@@ -274,6 +294,8 @@ def span(ids: list) -> str:
 
 
 def gpu_words(step: Step) -> str:
+    if step.gpus:
+        return f"{step.gpus} GPUs of one host (PyTorch, NCCL)"
     if not step.min_arch:
         return "any GPU"
     if step.arch_specific:
@@ -482,8 +504,9 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
         if several:
             problems.append(f"{where(m.start())}: \"{m.group(0)}\": steps {', '.join(d[:2] for d in several)} have "
                             "more than one .cu file")
-    for m in re.finditer(r"(?:…|\.\.\.)\s*`?(?:step|steps? )(\d{2})", text):
-        if m.group(1) != facts.last:
+    last_kernel = [s.id for s in facts.steps if not s.gpus][-1]  # ctest's `stepNN/…` entries are the kernel steps'
+    for m in re.finditer(r"(?:…|\.\.\.)\s*`?(?:step|steps? )(\d{2})(/)?", text):
+        if m.group(1) != (last_kernel if m.group(2) else facts.last):
             problems.append(f"{where(m.start())}: \"… step{m.group(1)}\" names step {m.group(1)} as the last; the last is {facts.last}")
     # "48 steps", "every step (55 labels)": a count larger than any part's is a count of all the steps (or of every
     # registry entry, variants included), unless its clause dates it ("then", "that day", "came later", a date).
@@ -547,8 +570,8 @@ def check_step_table(rows: list, facts: Facts, problems: list, path: str) -> Non
             problems.append(f"{path}:{number_}: step {sid}'s GPU is given as \"{cell.strip()}\"; the registry has {step.gpu}")
     if not ids:
         return
-    starts = {steps[0].id for _, _, steps in facts.parts()}
-    ends = {steps[-1].id for _, _, steps in facts.parts()}
+    starts = {steps[0].id for _, _, steps in facts.parts() if steps}
+    ends = {steps[-1].id for _, _, steps in facts.parts() if steps}
     # A row follows the step before it in number, or in its part (were a part ever not contiguous, check 0 says so).
     next_in_part = {a.id: b.id for _, _, steps in facts.parts() for a, b in zip(steps, steps[1:])}
     for a, b in zip(ids, ids[1:]):

@@ -5,7 +5,8 @@ tools/exercise list keeps its columns.
     python3 tests/python/test_doctor.py build/bench/fa-run
 
 Plain asserts, no pytest. The doctor's "needs" column must give each step the GPU that `fa-run --list` gives its
-first entry (sm_90a for the steps built for sm_90a alone, not sm_90), every step once, in one column whatever the
+first entry (sm_90a for the steps built for sm_90a alone, not sm_90), a Python step its count of GPUs (steps/
+python_steps.tsv), every step once, in one column whatever the
 length of the step's folder name; and the doctor must check the pieces a newcomer needs beyond the build: nanobind
 (the Python module), torch (fa_course.torch, the PyTorch peers) and cuobjdump (the CPU check of the Hopper steps'
 machine code). Without a GPU the doctor exits 1 (a GPU is required to run kernels); that is not what is tested here.
@@ -25,6 +26,10 @@ for line in subprocess.run([FA_RUN, "--list"], capture_output=True, text=True, c
     if re.match(r"^\d\d(-|$)", label) and label[:2] not in listed:
         listed[label[:2]] = line[41:49].strip()  # the GPU column (tools/check_prose.py reads it the same way)
 assert len(listed) >= 46, listed
+# The Python steps (steps/python_steps.tsv: schedules over the kernels, not in fa-run --list) with their GPUs' count.
+with open(os.path.join(ROOT, "steps", "python_steps.tsv"), encoding="utf-8") as tsv:
+    for row in (line.rstrip("\n").split("\t") for line in tsv if line[:1].isdigit()):
+        listed[row[0]] = row[3]  # "needs 2 GPUs": the column's first word
 
 out = subprocess.run(["bash", os.path.join(ROOT, "tools", "doctor")], capture_output=True, text=True).stdout
 rows = re.findall(r"^  (\d\d_\w+)( +)needs (\S+)", out, re.M)

@@ -32,7 +32,8 @@ What it checks:
 4. Numbers: no step or exercise past the last; "… `stepNN/…`" and "… step NN" name the last step;
    "N plausible wrong kernels" is the number of mutants the harness must reject; "N steps, each one" /
    "N steps in all" the number of steps; "add up to N minutes" the exercises' minutes; "N probes" the
-   zero-tile probes; "the N the harness cannot promise to see" the mutants left to other checks.
+   zero-tile probes; "the N the harness cannot promise to see" the kernels' mutants left to other checks (a
+   Python step's mutants, caught-by: cpu-test, are its CPU test's: tests/python/python_step_check.py).
 5. Tables of mutants (first column `mutant`, with a `from step` column) have a row for every mutant file
    that is a mistake, with its file's step, and none for a mutant without a file.
 6. Agendas (tables headed `| time | min | slot | what | exercise |`): each slot starts when the one before
@@ -358,9 +359,13 @@ def gen_mistakes(facts: Facts, doc: str, root: str) -> str:
     for key, name, steps in facts.parts():
         mine = [m for m in facts.mutants if part_of.get(m["step"]) == key and m["caught_by"] != "zero-tiles"]
         harness = sum(m["caught_by"] == "harness" for m in mine)
-        out.append(f"**{name}, steps {span([s.id for s in steps])}**: {len(mine)} mutants, {harness} rejected by the "
-                   "harness" + (f", {len(mine) - harness} left to the checks named (compute-sanitizer's racecheck or "
-                                "memcheck, the SASS check)" if len(mine) > harness else "") + ".\n")
+        cpu_test = sum(m["caught_by"] == "cpu-test" for m in mine)  # a Python step's: its CPU test rejects them
+        others = len(mine) - harness - cpu_test
+        said = [f"{harness} rejected by the harness"] if harness or not cpu_test else []
+        said += [f"{cpu_test} rejected by the step's CPU test (tests/python/python_step_check.py)"] if cpu_test else []
+        said += [f"{others} left to the checks named (compute-sanitizer's racecheck or memcheck, the SASS check)"] \
+            if others else []
+        out.append(f"**{name}, steps {span([s.id for s in steps])}**: {len(mine)} mutants, {', '.join(said)}.\n")
         if mine:
             out.append("| mutant | step | the mistake (its file's `mistake:` line) | caught by |")
             out.append("|---|---|---|---|")
@@ -393,7 +398,7 @@ COUNTS = [  # (pattern with one number, what it must equal, what that is)
     (r"\bcourse(?:'s| has) (\w+(?:-\w+)?) steps\b", "steps", "steps in the registry"),
     (r"\badd up to (\d[\d,]*) minutes", "minutes", "minutes of the exercises' specs"),
     (r"\b(\w+(?:-\w+)?) probes\b", "probes", "zero-tile probes (caught-by: zero-tiles)"),
-    (r"\bthe (\w+(?:-\w+)?) the harness cannot promise to see", "others", "mutants caught by memcheck, racecheck or sass"),
+    (r"\bthe (\w+(?:-\w+)?) the harness cannot promise to see", "others", "kernels' mutants caught by memcheck, racecheck or sass"),
 ]
 
 
@@ -526,8 +531,9 @@ def check_claims(text: str, where, facts: Facts, problems: list) -> None:
                             "steps are added: say which steps, or when (\"then\", a date)")
     harness = sum(m["caught_by"] == "harness" for m in facts.mutants)
     probes = sum(m["caught_by"] == "zero-tiles" for m in facts.mutants)
+    cpu_test = sum(m["caught_by"] == "cpu-test" for m in facts.mutants)  # the Python steps': no kernel, no harness
     truth = {"harness": harness, "steps": len(facts.steps), "minutes": sum(facts.minutes.values()),
-             "probes": probes, "others": len(facts.mutants) - harness - probes}
+             "probes": probes, "others": len(facts.mutants) - harness - probes - cpu_test}
     for pattern, key, what in COUNTS:
         for m in re.finditer(pattern, text):
             n = number(m.group(1))

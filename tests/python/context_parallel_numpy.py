@@ -15,6 +15,12 @@ _package = types.ModuleType("fa_course")
 _package.__path__ = [os.path.join(REPO, "python", "fa_course")]
 sys.modules.setdefault("fa_course", _package)
 
+# FA_LESSON_DIR: a folder whose lesson files (loop.py, plan.py, ulysses.py) replace the steps' own, found first on the
+# package's path: a student's exercise or a mutant, run by tests/python/python_step_check.py against this same test.
+if os.environ.get("FA_LESSON_DIR"):
+    import fa_course.context_parallel as _cp  # noqa: E402  (its modules are not imported yet: the folder comes first)
+    _cp.__path__.insert(0, os.environ["FA_LESSON_DIR"])
+
 
 # --- The "kernel": attention of one block in float64, and its backward from the global O and LSE ----------------------
 

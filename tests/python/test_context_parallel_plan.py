@@ -54,7 +54,8 @@ with np.errstate(all="raise"):  # a log(0), 0/0 or inf - inf in the merge raises
 
 # --- The split and the schedule ---------------------------------------------------------------------------------------
 
-assert plan.zigzag_indices(8, 0, 2) == [0, 1, 6, 7] and plan.zigzag_indices(8, 1, 2) == [2, 3, 4, 5]
+assert plan.zigzag_indices(8, 0, 2) == [0, 1, 6, 7] and plan.zigzag_indices(8, 1, 2) == [2, 3, 4, 5], \
+    f"zigzag split of 8 tokens over 2 ranks: {plan.zigzag_indices(8, 0, 2)}, {plan.zigzag_indices(8, 1, 2)}"
 for bad in ((10, 2, "zigzag"), (10, 4, "contiguous")):
     try:
         plan.split_indices(*bad)

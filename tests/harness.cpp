@@ -170,8 +170,7 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   // them: lengths 1 and a tile of 128 keys' worth minus one, exactly and plus one; one long sequence among short
   // ones; a sequence of no rows, one of no keys (its rows: O = 0, LSE = -inf) and more keys than rows; and packs
   // with a window, a cap and sinks. q_len and kv_len are the longest sequence's, as FlashAttention's max_seqlen.
-  auto pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
-                  const std::vector<int>& k_lens) {
+  auto packed = [](AttentionProblem p, const std::vector<int>& q_lens, const std::vector<int>& k_lens) {
     p.batch = int(q_lens.size());
     p.cu_seqlens_q = {0}, p.cu_seqlens_k = {0};
     for (std::size_t b = 0; b < q_lens.size(); ++b) {
@@ -180,7 +179,11 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
     }
     p.q_len = std::max(1, *std::max_element(q_lens.begin(), q_lens.end()));
     p.kv_len = std::max(1, *std::max_element(k_lens.begin(), k_lens.end()));
-    add(out, "varlen: " + name, p, InputKind::uniform, dtypes, true, max_len);
+    return p;
+  };
+  auto pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
+                  const std::vector<int>& k_lens) {
+    add(out, "varlen: " + name, packed(p, q_lens, k_lens), InputKind::uniform, dtypes, true, max_len);
   };
   pack("lengths 1, 127, 128, 129, 300, GQA 8/2", problem(1, 1, 1, 8, 2, d0), {1, 127, 128, 129, 300},
        {1, 127, 128, 129, 300});
@@ -217,15 +220,7 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
   };
   auto bottom_right_pack = [&](const std::string& name, AttentionProblem p, const std::vector<int>& q_lens,
                                const std::vector<int>& k_lens, int left = -1) {
-    p.batch = int(q_lens.size());
-    p.cu_seqlens_q = {0}, p.cu_seqlens_k = {0};
-    for (std::size_t b = 0; b < q_lens.size(); ++b) {
-      p.cu_seqlens_q.push_back(p.cu_seqlens_q.back() + q_lens[b]);
-      p.cu_seqlens_k.push_back(p.cu_seqlens_k.back() + k_lens[b]);
-    }
-    p.q_len = std::max(1, *std::max_element(q_lens.begin(), q_lens.end()));
-    p.kv_len = std::max(1, *std::max_element(k_lens.begin(), k_lens.end()));
-    bottom_right("varlen: " + name, p, left);
+    bottom_right("varlen: " + name, packed(p, q_lens, k_lens), left);
   };
   bottom_right("a chunk of 300 rows over 1000 keys (a prompt over its cached prefix), GQA 8/2",
                problem(2, 300, 1000, 8, 2, d0));

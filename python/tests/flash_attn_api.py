@@ -59,6 +59,21 @@ def rand(*shape, dtype, grad=False):
     return torch.randn(*shape, device=dev, dtype=dtype).requires_grad_(grad)
 
 
+def check_with_grads(name, q, k, v, feat):
+    """flash_attn_func(q, k, v, **feat): O and the gradients of q, k, v (through a random dO) by the rule against the
+    bottom-right reference."""
+    out = flash_attn_func(q, k, v, **feat)
+    kw = dict(causal=feat.get("causal", False), window=feat.get("window_size", (-1, -1)),
+              softcap=feat.get("softcap", 0.0))
+    ref32, _ = reference(q, k, v, **kw)
+    ref16, _ = reference(q, k, v, upcast=False, **kw)
+    within_rule(name + " O", out, ref32, ref16)
+    g = torch.randn_like(out)
+    for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
+                              torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
+        within_rule(f"{name} d{t}", a, b32, b16)
+
+
 torch.manual_seed(0)
 dtypes = (torch.float16, torch.bfloat16)
 features = [dict(), dict(causal=True)]
@@ -109,22 +124,13 @@ if hopper:
                     (128, dict(causal=True, window_size=(500, 0)))):
         q = rand(2, 1, 4, d, dtype=torch.bfloat16, grad=True)
         k, v = rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True), rand(2, 300, 2, d, dtype=torch.bfloat16, grad=True)
-        name = f"one new token, d={d} {feat}"
-        out = flash_attn_func(q, k, v, **feat)
-        kw = dict(causal=feat.get("causal", False), window=feat["window_size"], softcap=feat.get("softcap", 0.0))
-        ref32, _ = reference(q, k, v, **kw)
-        ref16, _ = reference(q, k, v, upcast=False, **kw)
-        within_rule(name + " O", out, ref32, ref16)
-        g = torch.randn_like(out)
-        for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
-                                  torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
-            within_rule(f"{name} d{t}", a, b32, b16)
+        check_with_grads(f"one new token, d={d} {feat}", q, k, v, feat)
     print(f"one new token under a window: 3 cases, the last through {last_choice()['forward']} / "
           f"{last_choice()['backward']}")
 
 # A few new tokens over more keys without a cache object (speculative decoding's verification): the diagonal, and a
-# window, at the last key (FlashAttention's alignment), which the decode steps take; no gradient (no backward step
-# takes that alignment).
+# window, at the last key (FlashAttention's alignment), which the decode steps take; inference, so no gradient (the
+# chunks below check the backward's alignment).
 for n_new, feat in ((4, dict(causal=True)), (3, dict(window_size=(50, 10))), (8, dict(causal=True, window_size=(64, -1)))):
     q = rand(2, n_new, 8, 128, dtype=torch.bfloat16)
     k, v = rand(2, 300, 2, 128, dtype=torch.bfloat16), rand(2, 300, 2, 128, dtype=torch.bfloat16)
@@ -141,16 +147,7 @@ if hopper:
                            (300, 100, dict(causal=True))):
         q = rand(2, n_q, 8, 64, dtype=torch.float16, grad=True)
         k, v = rand(2, n_k, 2, 64, dtype=torch.float16, grad=True), rand(2, n_k, 2, 64, dtype=torch.float16, grad=True)
-        name = f"{n_q} rows over {n_k} keys {feat}"
-        out = flash_attn_func(q, k, v, **feat)
-        kw = dict(causal=feat.get("causal", False), window=feat.get("window_size", (-1, -1)))
-        ref32, _ = reference(q, k, v, **kw)
-        ref16, _ = reference(q, k, v, upcast=False, **kw)
-        within_rule(name + " O", out, ref32, ref16)
-        g = torch.randn_like(out)
-        for t, a, b32, b16 in zip("qkv", torch.autograd.grad(out, (q, k, v), g),
-                                  torch.autograd.grad(ref32, (q, k, v), g), torch.autograd.grad(ref16, (q, k, v), g)):
-            within_rule(f"{name} d{t}", a, b32, b16)
+        check_with_grads(f"{n_q} rows over {n_k} keys {feat}", q, k, v, feat)
     print(f"a chunk over more keys, bottom-right: 3 cases, through {last_choice()['forward']} / "
           f"{last_choice()['backward']}")
 

@@ -14,9 +14,9 @@ Each all-to-all runs on PyTorch's current stream (NCCL orders it after the kerne
 overlaps the exchange with computation: the kernel needs every token of its heads before it starts. Packing Q, K, V
 into one all-to-all (and dQ, dK, dV into one) would save launches; three calls keep the lesson's shape.
 
-Not yet run on a GPU: written on a machine without one; the CPU test (tests/python/test_context_parallel_ulysses.py)
-runs the same steps (ulysses.ulysses_forward, ulysses_backward) with numpy, and python/tests/ring_attention.py is this
-file's GPU test.
+The CPU test (tests/python/test_context_parallel_ulysses.py) runs the same steps (ulysses.ulysses_forward,
+ulysses_backward) with numpy; python/tests/ring_attention.py is this file's GPU test (passed on two H200s in session
+19, docs/results/runs/h200-2026-11-29-session-19.txt).
 """
 from __future__ import annotations
 

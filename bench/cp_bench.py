@@ -15,6 +15,10 @@ per GPU = the problem's FLOPs (forward 4 B H N^2 d, halved when causal; backward
 
     PYTHONPATH=build/python torchrun --nproc-per-node 2 bench/cp_bench.py --tokens 131072 --csv cp.csv
 
+--tokens, --causal and --kv-heads take comma-separated lists: every combination is a problem, and --rounds R times
+every problem R times, round after round (round 1 of every problem, then round 2, ...), so that drift shows as a
+difference between rounds rather than between problems. Each row names its round.
+
 NVLink multicast is off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), set before
 NCCL starts. Run on 2 H200s in session 19 at 131072 and 262144 tokens (one round each, every form in one process
 group): docs/results/context_parallel/h200x2-2026-11-29.csv.
@@ -36,18 +40,33 @@ import torch.distributed as dist  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=131072, help="the whole sequence's length N")
+    p.add_argument("--tokens", default="131072", help="the whole sequence's length N (a comma-separated list)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=16, help="query heads Hq")
-    p.add_argument("--kv-heads", type=int, default=16, help="KV heads Hkv")
+    p.add_argument("--kv-heads", default="16", help="KV heads Hkv (a comma-separated list)")
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--causal", choices=("yes", "no"), default="yes")
+    p.add_argument("--causal", default="yes", help="yes, no or both (a comma-separated list)")
     p.add_argument("--forms", default="one,ring,ulysses,torch_cp")
     p.add_argument("--torch-backend", choices=("flash", "cudnn", "efficient"), default="flash")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1, help="times every problem is timed, round after round")
     p.add_argument("--csv", default=None, help="rows appended (header when new); rank 0 writes")
-    return p.parse_args()
+    a = p.parse_args()
+    a.tokens_list = [int(t) for t in a.tokens.split(",")]
+    a.kv_heads_list = [int(h) for h in a.kv_heads.split(",")]
+    a.causal_list = a.causal.split(",")
+    if any(c not in ("yes", "no") for c in a.causal_list):
+        p.error(f"--causal {a.causal}: takes yes, no or a comma-separated list of them")
+    return a
+
+
+def problems(a):
+    """Every combination of the listed lengths, masks and KV heads, as one argparse.Namespace each."""
+    for tokens in a.tokens_list:
+        for causal in a.causal_list:
+            for kv_heads in a.kv_heads_list:
+                yield argparse.Namespace(**{**vars(a), "tokens": tokens, "causal": causal, "kv_heads": kv_heads})
 
 
 def flops(a) -> float:
@@ -74,11 +93,22 @@ def timed(fn, a, device) -> float:
 
 
 def main() -> int:
-    a = parse_args()
+    args = parse_args()
     dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
+    for round_ in range(1, args.rounds + 1):
+        for a in problems(args):
+            a.round = round_
+            run_problem(a, device)
+    dist.destroy_process_group()
+    return 0
+
+
+def run_problem(a, device) -> None:
+    """Every form of --forms on one problem; rank 0 reports."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     causal = a.causal == "yes"
 
     import fa_course
@@ -141,8 +171,6 @@ def main() -> int:
 
     if rank == 0:
         report(a, world, results)
-    dist.destroy_process_group()
-    return 0
 
 
 @contextlib.contextmanager
@@ -154,6 +182,11 @@ def torch_cp(a, q, k, v, g, world, causal):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:  # its load balancer (the causal shards' reordering) takes only the causal mask: off without it
+        from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+    except ImportError:  # torch before 2.9
+        from torch.distributed.tensor.experimental._attention import _cp_options
+    _cp_options.enable_load_balance = causal
     mesh = init_device_mesh("cuda", (world,))
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                "efficient": SDPBackend.EFFICIENT_ATTENTION}[a.torch_backend]
@@ -178,7 +211,7 @@ def report(a, world, results):
     for form, ms in results.items():
         gpus = 1 if form == "one" else world
         per_gpu = None if ms is None else total / (ms * 1e-3) / gpus / 1e12
-        row = dict(gpu=gpu, form=form, gpus=gpus, batch=a.batch, tokens=a.tokens, heads=a.heads, kv_heads=a.kv_heads,
+        row = dict(gpu=gpu, round=a.round, form=form, gpus=gpus, batch=a.batch, tokens=a.tokens, heads=a.heads, kv_heads=a.kv_heads,
                    head_dim=a.head_dim, causal=a.causal, dtype="bf16", ms=ms, tflops_per_gpu=per_gpu,
                    of_one_gpu=None if ms is None or one is None else (total / ms / gpus) / (total / one),
                    torch_cp_time_over_this=None if ms is None or theirs is None else theirs / ms)

@@ -20,10 +20,13 @@ checked against the recorded CSV (docs/results/) at any time:
     python3 tools/tables.py parts --csv docs/results/X-course.csv [Y-course.csv] [--part hopper] [--dtype f32]
                                                # the top README's tables, one a part of the course, from the
                                                # one recorded run (bench/course_run.sh) of each GPU, side by side
+    python3 tools/tables.py context --csv docs/results/context_parallel/X.csv
+                                               # context parallelism (bench/cp_bench.py): each form's median over
+                                               # its rounds, of one GPU's throughput, against PyTorch's
     python3 tools/tables.py parts --check README.md    # every generated table block in README.md, re-printed
     python3 tools/tables.py parts --write README.md    # from the CSV its marker names: compare, or rewrite
 
-It reads docs/results/*.csv unless --csv is given, through tools/plots.py's loader. Every table but
+It reads docs/results/*.csv unless --csv is given (`context` reads cp_bench's CSV, which it names), through tools/plots.py's loader. Every table but
 `backward` and `decode` reads the forward's rows (`--pass backward` makes times, accuracy, course, compare and rounds
 read the backward's instead); a CSV recorded before the `pass` column holds forward rows only.
 """
@@ -638,11 +641,43 @@ def part_blocks(path: str, write: bool) -> int:
     return 1 if problems else 0
 
 
+def context(paths) -> str:
+    """bench/cp_bench.py's rows: per problem (tokens, mask, heads), each form's median ms over its rounds; per GPU
+    the fraction of one GPU's throughput (one's time / (forms's time x GPUs)), and PyTorch's time over the form's."""
+    import csv
+    times = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["ms"]:
+                    key = (int(r["tokens"]), r["causal"], int(r["heads"]), int(r["kv_heads"]), int(r["head_dim"]))
+                    times.setdefault(key, {}).setdefault(r["form"], (int(r["gpus"]), []))[1].append(float(r["ms"]))
+    lines = ["| tokens | mask | Hq/Hkv, d | one GPU ms | ring: ms, of one GPU | all-to-all: ms, of one GPU | "
+             "PyTorch context_parallel: ms, of one GPU | ring's speed over PyTorch's | rounds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(times):
+        forms = {form: (gpus, statistics.median(ms), len(ms)) for form, (gpus, ms) in times[key].items()}
+        one = forms.get("one")
+
+        def cell(form):
+            if form not in forms:
+                return "–"
+            gpus, ms, _ = forms[form]
+            return f"{ms:.1f}" + ("" if one is None else f", {one[1] / (ms * gpus):.2f}")
+        ring, theirs = forms.get("ring"), forms.get("torch_cp")
+        over = "–" if ring is None or theirs is None else f"{theirs[1] / ring[1]:.2f}×"
+        tokens, causal, hq, hkv, d = key
+        lines.append(f"| {tokens:,} | {'causal' if causal == 'yes' else 'none'} | {hq}/{hkv}, {d} | "
+                     f"{'–' if one is None else f'{one[1]:.1f}'} | {cell('ring')} | {cell('ulysses')} | "
+                     f"{cell('torch_cp')} | {over} | {max(n for _, _, n in forms.values())} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages", "roofline", "features", "parts"])
+                                          "pages", "roofline", "features", "parts", "context"])
     parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
                         "CUDA-core steps' chain)")
     parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
@@ -675,6 +710,11 @@ def main(argv=None) -> int:
         keys = [args.part] if args.part else list(PART_SHAPES)
         runs = [plots.load([p]) for p in paths]  # one course run a CSV, a GPU's; the first gives the speedups
         print("\n\n".join(f"{k}:\n{part(runs[0], k, args.dtype, runs[1:])}" for k in keys))
+        return 0
+    if args.table == "context":
+        if not args.csv:
+            parser.error("context: --csv names bench/cp_bench.py's CSV")
+        print(context(args.csv))
         return 0
     if args.table == "backward":
         print(backward(plots.load(paths), steps, args.head_dim, args.suite))

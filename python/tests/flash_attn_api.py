@@ -14,6 +14,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():
     print("skipped: no CUDA device")  # ctest: exit 77 reads as skipped
     sys.exit(77)
 
+import fa_course
 from fa_course.flash_attn import (Refusal, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                                   flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
                                   last_choice)
@@ -246,6 +247,22 @@ except RuntimeError as e:
         failures.append(f"float32: {e}")
 with torch.no_grad():  # no gradient, so deterministic=True has nothing to refuse
     flash_attn_func(q, q, q, deterministic=True)
+# A paged cache's lengths past what block_table addresses (one page of 16 a sequence): FlashAttention's RuntimeError
+# naming block_table, in the call, with the new keys and without; nothing written into the pool.
+pool = rand(4, 16, 4, 64, dtype=torch.float16)
+before = pool.clone()
+one_page = torch.zeros(1, 1, dtype=torch.int32, device=dev)
+for seqlens, new in ((17, None), (16, rand(1, 1, 4, 64, dtype=torch.float16))):
+    try:
+        flash_attn_with_kvcache(q[:, :1].detach(), pool, pool, k=new, v=new, block_table=one_page,
+                                cache_seqlens=torch.full((1,), seqlens, dtype=torch.int32, device=dev))
+        failures.append(f"block_table bounds ({seqlens} keys, new {new is not None}): computed, expected a RuntimeError")
+    except RuntimeError as e:
+        if "block_table" not in str(e) or "17" not in str(e):
+            failures.append(f"block_table bounds: {e}")
+    if not torch.equal(pool, before):
+        failures.append("block_table bounds: the refused call wrote into the pool")
+fa_course.check()  # nothing left refused on the GPU: the call raised before any kernel
 
 if failures:
     print(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures))

@@ -9,7 +9,8 @@ changed, one with a row dropped and one naming an unknown part must each fail; `
 changed copy. Then the real README.md must pass, with a table for every part of the course, all from the same
 recorded runs (one CSV a GPU).
 Last, `tables.py times` must list a row once when both a step and its variant are named, and every step of the
-suite when none is named.
+suite when none is named; and `tables.py context` must print each context-parallel form's median over its rounds
+from bench/cp_bench.py's CSV (a fixture of two rounds written here).
 """
 import os
 import shutil
@@ -74,6 +75,18 @@ def main() -> int:
                            "--causal", "0"], capture_output=True, text=True)
     listed = [line.split(" | ")[0].lstrip("| ") for line in done.stdout.splitlines()[2:]]
     assert done.returncode == 0 and listed[:3] == ["04", "06-br8", "06-br16"] and listed[-1].endswith("(peer)"), done.stdout
+    # `context`: the median of a form's rounds, its share of one GPU's throughput (one / (ms x GPUs)), PyTorch's over it.
+    header = "gpu,round,form,gpus,batch,tokens,heads,kv_heads,head_dim,causal,dtype,ms,tflops_per_gpu,of_one_gpu,torch_cp_time_over_this\n"
+    fixture = "".join(f"H200,{rnd},{form},{gpus},1,4096,16,16,128,yes,bf16,{ms},,,\n" for rnd, form, gpus, ms in (
+        (1, "one", 1, 100.0), (1, "ring", 2, 60.0), (1, "ulysses", 2, ""), (1, "torch_cp", 2, 90.0),
+        (2, "one", 1, 100.0), (2, "ring", 2, 50.0), (2, "ulysses", 2, ""), (2, "torch_cp", 2, 110.0)))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "cp.csv")
+        with open(path, "w") as f:
+            f.write(header + fixture)
+        done = subprocess.run([sys.executable, TABLES, "context", "--csv", path], capture_output=True, text=True)
+    expected = "| 4,096 | causal | 16/16, 128 | 100.0 | 55.0, 0.91 | – | 100.0, 0.50 | 1.82× | 2 |"
+    assert done.returncode == 0 and expected in done.stdout, done.stdout + done.stderr
     print("course tables: the checker catches a changed number, a dropped row and an unknown part;", out.strip())
     return 0
 

@@ -240,8 +240,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     page_size, Hkv, d] with block_table int32 [B, pages a sequence]; cache_seqlens (int or int32 [B]) the keys
     already in it. k and v [B, Nnew, Hkv, d], when given, are written into the cache in place at cache_seqlens
     onward (rotated first, with rotary_cos and rotary_sin, as FlashAttention rotates them), and the attention sees
-    cache_seqlens + Nnew keys. The step runs without a host sync (a CUDA graph can capture the call). num_splits is
-    FlashAttention's tuning hint; the decode steps choose their own splits."""
+    cache_seqlens + Nnew keys. Captured in a CUDA graph the call makes no host sync: the decode step checks each
+    length on the GPU, reads no page past the table, and a refused length is raised by the next call or
+    fa_course.check(). Outside a capture, a paged cache's longest length is read back first, and one past what
+    block_table addresses raises here (FlashAttention's own guard, with its sync). num_splits is FlashAttention's
+    tuning hint; the decode steps choose their own splits."""
     refuse_unimplemented(alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
     if (k is None) != (v is None):
         raise RuntimeError("flash_attn_with_kvcache: k and v come together (both or neither)")
@@ -257,6 +260,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
     n_new = 0 if k is None else k.shape[1]
+    if block_table is not None and not torch.cuda.is_current_stream_capturing():
+        addressed = block_table.shape[1] * k_cache.shape[1]
+        longest = int(cache_seqlens.max()) + n_new
+        if longest > addressed:
+            raise RuntimeError(f"flash_attn_with_kvcache: cache_seqlens + the {n_new} new keys reach {longest} keys, "
+                               f"past the {addressed} that block_table addresses ({block_table.shape[1]} pages a "
+                               f"sequence of page_size {k_cache.shape[1]}); give block_table more pages a sequence")
     if rotary_cos is not None:
         from .layers.rotary import apply_rotary_emb
         if k is None:

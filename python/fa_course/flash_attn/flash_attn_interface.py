@@ -260,7 +260,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
     n_new = 0 if k is None else k.shape[1]
-    if block_table is not None and not torch.cuda.is_current_stream_capturing():
+    if block_table is not None and cache_seqlens.numel() and not torch.cuda.is_current_stream_capturing():
         addressed = block_table.shape[1] * k_cache.shape[1]
         longest = int(cache_seqlens.max()) + n_new
         if longest > addressed:

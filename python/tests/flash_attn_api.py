@@ -228,6 +228,24 @@ for dtype in dtypes:
                     failures.append(f"{name}: the cache does not hold sequence {i}'s new (rotated) keys")
 print(f"flash_attn_with_kvcache: contiguous and paged, 1 and 4 new tokens, causal and not, rotary; chose {last_choice()['forward']}")
 
+# A head_dim no step takes, padded with zeros to the next one a step takes (FlashAttention's own move): O, the LSE
+# and the gradients as the reference's at the true head_dim; O that head_dim wide and contiguous.
+for d, feat in ((96, dict(causal=True)), (80, dict()), (40, dict(softcap=30.0, window_size=(50, 0)) if hopper else dict())):
+    q = rand(2, 130, 8, d, dtype=torch.bfloat16, grad=True)
+    k, v = rand(2, 130, 2, d, dtype=torch.bfloat16, grad=True), rand(2, 130, 2, d, dtype=torch.bfloat16, grad=True)
+    check_with_grads(f"head_dim {d} padded {feat}", q, k, v, feat)
+    choice = last_choice()
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **feat)
+    _, lse32 = reference(q, k, v, causal=feat.get("causal", False), window=feat.get("window_size", (-1, -1)),
+                         softcap=feat.get("softcap", 0.0))
+    if choice.get("padded_from") != d or out.shape != q.shape or not out.is_contiguous():
+        failures.append(f"head_dim {d}: padded_from {choice.get('padded_from')}, O {tuple(out.shape)}, "
+                        f"contiguous {out.is_contiguous()}")
+    elif (lse - lse32).abs().max().item() > 1e-3:
+        failures.append(f"head_dim {d}: LSE off by {(lse - lse32).abs().max().item():.3g}")
+print(f"head dims 96, 80, 40 padded with zeros (40 to {choice['problem'].head_dim}): forward {choice['forward']}, "
+      f"backward {choice['backward']}")
+
 # Refusals by name, before any GPU work.
 q = rand(1, 100, 4, 64, dtype=torch.float16, grad=True)
 kv = rand(1, 300, 4, 64, dtype=torch.float16)
@@ -236,7 +254,7 @@ expect_refusal("ALiBi", ["alibi_slopes"], lambda: flash_attn_func(q, q, q, alibi
 expect_refusal("deterministic", ["deterministic"], lambda: flash_attn_func(q, q, q, deterministic=True))
 if not hopper:  # no Ampere step takes the diagonal at the last key
     expect_refusal("bottom-right causal", ["bottom-right"], lambda: flash_attn_func(q, kv, kv, causal=True))
-expect_refusal("head_dim 96", ["head_dim 96"], lambda: flash_attn_func(*(rand(1, 8, 2, 96, dtype=torch.float16),) * 3))
+expect_refusal("head_dim 288", ["head_dim 288"], lambda: flash_attn_func(*(rand(1, 8, 2, 288, dtype=torch.float16),) * 3))
 expect_refusal("cache_batch_idx", ["cache_batch_idx"],
                lambda: flash_attn_with_kvcache(q[:, :1], kv, kv, cache_batch_idx=torch.zeros(1, device=dev)))
 try:

@@ -12,8 +12,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import fa_course  # noqa: E402
 from fa_course.flash_attn import Refusal  # noqa: E402  (no PyTorch: the package loads its API lazily)
-from fa_course.flash_attn.choose import (Problem, choose, one_new_token, refuse_unimplemented,  # noqa: E402
-                                         runs_on, window_of, windowed)
+from fa_course.flash_attn.choose import (Problem, choose, one_new_token, padded_head_dim,  # noqa: E402
+                                         refuse_unimplemented, runs_on, window_of, windowed)
 
 assert "torch" not in sys.modules, "fa_course.flash_attn.choose must not need PyTorch"
 steps = fa_course.steps()
@@ -154,5 +154,30 @@ assert one_new_token(1, 300, -1, 0, True, True) == (0, False, -1, -1)         # 
 assert one_new_token(1, 300, 63, 0, True, True) == (0, True, 63, 0)           # a pack's window: kept
 assert one_new_token(2, 300, 63, 0, True, False) == (0, True, 63, 0)          # two new tokens: kept
 assert one_new_token(1, 1, -1, -1, False, False) == (0, False, -1, -1)
+# A head_dim no step takes: the next one up at which a step of each pass takes the problem (None when its own is
+# taken, or none above it is). Each answer checked against the list: every head_dim between is refused.
+def padded(problem, capability, passes=("forward",)):
+    wider = padded_head_dim(steps, problem, capability, passes)
+    if wider is not None:
+        for pass_ in passes:
+            chosen(Problem(**{**problem.__dict__, "head_dim": wider, "pass_": pass_}), capability)
+        for between in range(problem.head_dim, wider):
+            for pass_ in passes:
+                try:
+                    choose(steps, Problem(**{**problem.__dict__, "head_dim": between, "pass_": pass_}), capability)
+                except Refusal:
+                    break
+            else:
+                raise AssertionError(f"{problem}: padded to {wider}, but head_dim {between} is taken")
+    return wider
+
+
+assert padded(forward(d=128), HOPPER) is None and padded(forward(d=64), AMPERE, ("forward", "backward")) is None
+assert padded(forward(d=96), HOPPER, ("forward", "backward")) == 128
+assert padded(forward(d=80, causal=True, window=True, softcap=True), HOPPER, ("forward", "backward")) == 128
+assert padded(forward(d=40, dtype="f16"), AMPERE, ("forward", "backward")) == 64
+assert padded(forward(d=200), HOPPER, ("forward", "backward")) == 256
+assert padded(forward(d=300), HOPPER) is None                       # none above it: refused by its head_dim
+assert padded(forward(d=96, window=True), AMPERE) is None           # the window refuses it at every head_dim
 print(f"fa_course.flash_attn chooses: Hopper forward {hopper_forward} (d = 256: {d256}), backward {hopper_backward}, "
       f"decode {decode}; Ampere 18 and 28; refusals named")

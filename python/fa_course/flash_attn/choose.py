@@ -13,7 +13,7 @@ a Hopper forward, 56 for its backward, 48 for a decode of at most 8 new tokens o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class Refusal(NotImplementedError):
@@ -129,6 +129,25 @@ def choose(steps: list[dict], p: Problem, capability: tuple[int, int], call: str
             takers.append(f"{need}: {_ranges(ids) if ids else 'none'}")
     raise Refusal(f"fa_course.flash_attn: no {p.pass_} step of the course takes {call} on this GPU ({gpu}): it needs "
                   + ", ".join(p.needs()) + ". The " + p.pass_ + " steps that take each need: " + "; ".join(takers))
+
+
+def padded_head_dim(steps: list[dict], p: Problem, capability: tuple[int, int], passes=("forward",)) -> int | None:
+    """A head_dim no step takes, rounded up as FlashAttention rounds its own to the kernels it has: the smallest
+    head_dim above p's at which a step of each of `passes` takes p's other needs on this GPU, or None when p's own is
+    taken or none above it is. Zero columns appended to q, k and v change no score (q.k gains 0 x 0 terms), so the
+    softmax (its scale kept at 1/sqrt of p's head_dim), the LSE and O's first head_dim columns are p's own, and the
+    appended columns of O, dQ, dK and dV are zero: sliced off, they leave p's answer and gradients."""
+    def taken(head_dim):
+        for pass_ in passes:
+            try:
+                choose(steps, replace(p, head_dim=head_dim, pass_=pass_), capability)
+            except Refusal:
+                return False
+        return True
+    if taken(p.head_dim):
+        return None
+    wider = sorted({d for s in steps for d in s["head_dims"] if d > p.head_dim})
+    return next((d for d in wider if taken(d)), None)
 
 
 def refuse_unimplemented(dropout_p=0.0, alibi_slopes=None, deterministic=False, needs_grad=False, **others):

@@ -26,7 +26,8 @@ import torch
 
 from .. import _ext
 from .. import torch as _course
-from .choose import Problem, Refusal, choose, one_new_token, refuse_unimplemented, window_of, windowed
+from .choose import (Problem, Refusal, choose, one_new_token, padded_head_dim, refuse_unimplemented, window_of,
+                     windowed)
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 USE_TRITON_ROCM = False  # FlashAttention's flag for its ROCm backend, which its tests read; the course is CUDA's
@@ -42,7 +43,8 @@ def set_debug(on: bool = True) -> None:
 
 
 def last_choice() -> dict:
-    """The last call's choice: {"call", "forward", "backward" (or None), "problem"}."""
+    """The last call's choice: {"call", "forward", "backward" (or None), "problem"}, and "padded_from" (the call's
+    own head_dim) when the problem's head_dim is the wider one its q, k and v were padded to."""
     return dict(_last)
 
 
@@ -109,11 +111,23 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
     if first:  # a slice: autograd carries dK and dV back to the whole k and v
         k, v, kv_len = k[:, first:], v[:, first:], kv_len - first
     window = windowed(left, right, causal)
-    problem = Problem("forward", _DTYPES[q.dtype], q.shape[-1], q_len, kv_len, causal=bool(causal),
+    head_dim = q.shape[-1]
+    problem = Problem("forward", _DTYPES[q.dtype], head_dim, q_len, kv_len, causal=bool(causal),
                       bottom_right=unequal, window=window, softcap=bool(softcap), sinks=sinks is not None,
                       varlen=varlen)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    # A head_dim no step takes (80, 96, ...): zero columns up to the next one a step takes, as FlashAttention pads
+    # its own; autograd slices the gradients back (choose.padded_head_dim says why the answer is unchanged).
+    wider = padded_head_dim(_steps(), problem, torch.cuda.get_device_capability(q.device),
+                            ("forward", "backward") if needs_grad else ("forward",))
+    if wider is not None:
+        problem = Problem(**{**problem.__dict__, "head_dim": wider})
+        q, k, v = (torch.nn.functional.pad(t, (0, wider - head_dim)) for t in (q, k, v))
     forward_step, backward_step = _choose(call, problem, q.device, needs_grad)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if wider is not None:
+        _last.update(padded_from=head_dim)
+        if _debug:
+            print(f"fa_course.flash_attn: {call}: head_dim {head_dim} padded with zeros to {wider}", file=sys.stderr)
     # FlashAttention's alignment: with seqlen_q != seqlen_k the mask's (and window's) diagonal at the last key. The
     # chooser took a step that declares it (step 60 forward, or a decode step); the step must be told, or it would
     # compute the top-left mask.
@@ -128,6 +142,8 @@ def _attention(call, q, k, v, *, softmax_scale, causal, window_size, softcap, cu
                                        **features)
     else:  # the LSE from the same forward the gradient goes through
         out, lse = _WithLse.apply(q, k, v, sinks, forward_step, backward_step, bool(causal), scale, features)
+    if wider is not None:  # O's own columns (contiguous, as FlashAttention returns O)
+        out = out[..., :head_dim].contiguous()
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -257,6 +257,13 @@ if not hopper:  # no Ampere step takes the diagonal at the last key
 expect_refusal("head_dim 288", ["head_dim 288"], lambda: flash_attn_func(*(rand(1, 8, 2, 288, dtype=torch.float16),) * 3))
 expect_refusal("cache_batch_idx", ["cache_batch_idx"],
                lambda: flash_attn_with_kvcache(q[:, :1], kv, kv, cache_batch_idx=torch.zeros(1, device=dev)))
+for name, shapes in (("head_dim 0", ((1, 8, 2, 0),) * 3), ("no KV heads", ((1, 8, 2, 64), (1, 8, 0, 64), (1, 8, 0, 64)))):
+    try:
+        flash_attn_func(*(rand(*shape, dtype=torch.float16) for shape in shapes))
+        failures.append(f"{name}: computed, expected a RuntimeError")
+    except RuntimeError as e:
+        if "head" not in str(e):
+            failures.append(f"{name}: {e}")
 try:
     flash_attn_func(*(rand(1, 8, 2, 64, dtype=torch.float32),) * 3)
     failures.append("float32: computed, expected FlashAttention's RuntimeError")

@@ -66,6 +66,10 @@ def _check_tensors(call: str, q, k, v):
     if q.shape[-1] != k.shape[-1] or v.shape[-1] != q.shape[-1]:
         raise RuntimeError(f"{call}: q, k and v must share head_dim (q {q.shape[-1]}, k {k.shape[-1]}, v "
                            f"{v.shape[-1]}); the course's steps take v's head_dim equal to q's")
+    if q.shape[-1] < 1:  # no width to pad from, and a softmax scale of 1/sqrt(0)
+        raise RuntimeError(f"{call}: head_dim must be positive (q's last dimension is {q.shape[-1]})")
+    if q.shape[-2] < 1 or k.shape[-2] < 1:
+        raise RuntimeError(f"{call}: q and k need at least one head ({q.shape[-2]} and {k.shape[-2]})")
     if q.shape[-2] % k.shape[-2]:
         raise RuntimeError(f"{call}: Number of heads in key/value must divide number of heads in query "
                            f"({k.shape[-2]} and {q.shape[-2]})")

@@ -21,7 +21,8 @@ difference between rounds rather than between problems. Each row names its round
 
 NVLink multicast is off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), set before
 NCCL starts. Run on 2 H200s in session 19 at 131072 and 262144 tokens (one round each, every form in one process
-group): docs/results/context_parallel/h200x2-2026-11-29.csv.
+group): docs/results/context_parallel/h200x2-2026-11-29.csv; in session 20 over 32768 and 131072 tokens, both masks,
+16 and 2 KV heads, two rounds: docs/results/context_parallel/h200x2-2026-11-30-rounds.csv.
 """
 import argparse
 import contextlib
@@ -45,7 +46,7 @@ def parse_args():
     p.add_argument("--heads", type=int, default=16, help="query heads Hq")
     p.add_argument("--kv-heads", default="16", help="KV heads Hkv (a comma-separated list)")
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--causal", default="yes", help="yes, no or both (a comma-separated list)")
+    p.add_argument("--causal", default="yes", help="yes, no, or both as yes,no (a comma-separated list)")
     p.add_argument("--forms", default="one,ring,ulysses,torch_cp")
     p.add_argument("--torch-backend", choices=("flash", "cudnn", "efficient"), default="flash")
     p.add_argument("--warmup", type=int, default=3)
@@ -53,8 +54,16 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=1, help="times every problem is timed, round after round")
     p.add_argument("--csv", default=None, help="rows appended (header when new); rank 0 writes")
     a = p.parse_args()
-    a.tokens_list = [int(t) for t in a.tokens.split(",")]
-    a.kv_heads_list = [int(h) for h in a.kv_heads.split(",")]
+    def counts(option, text, example):
+        try:
+            values = [int(t) for t in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            p.error(f"{option} {text}: takes positive integers, comma-separated (e.g. {example})")
+        return values
+    a.tokens_list = counts("--tokens", a.tokens, "32768,131072")
+    a.kv_heads_list = counts("--kv-heads", a.kv_heads, "16,2")
     a.causal_list = a.causal.split(",")
     if any(c not in ("yes", "no") for c in a.causal_list):
         p.error(f"--causal {a.causal}: takes yes, no or a comma-separated list of them")

@@ -12,6 +12,13 @@
 // it reads the table entry two tiles ahead and keeps it as it came, and checks it and makes it a row of the pool
 // only when its tile's copies start, two tiles of work later.
 //
+// And the split rule counts blocks for the pages. At d = 64 one block an SM keeps half the bytes in flight it keeps
+// at d = 128 (its ring's rows are half as wide), too few to cover a paged read's longer wait: Nsight Compute on the
+// H200 (B = 8, 16/16 heads, 8,192 keys, pages of 16) saw one warp a scheduler, eligible a third of the cycles, and
+// 3.0 TB/s against 4.0 contiguous. On a paged cache the rule counts 128 / d blocks an SM, so d = 64 gets the splits
+// that put two on each SM and the bytes in flight of d = 128 (a contiguous cache keeps one: two were slower there, as
+// they were at d = 128 with pages).
+//
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;
 // the split rule and the combine; step 45's cache forms.
@@ -51,6 +58,8 @@ constexpr int kTileKeys = kWarps * kWarpKeys;   ///< keys of a tile, 64
 constexpr int kStages = 4;                      ///< tiles of the ring: kStages - 1 on the way while one is used
 constexpr int kLookahead = 2;                   ///< tiles between a page-table read and the copies that use it
 constexpr int kSplitBlocksPerSM = 1;            ///< split blocks the split rule counts on an SM (step 44's choice)
+/// Split blocks the rule counts on an SM for a paged cache: as many as keep the bytes in flight of one at d = 128.
+template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
@@ -358,7 +367,8 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
-    const int slots = kSplitBlocksPerSM * kit::device_multiprocessors();
+    const int per_sm = p.page_size > 0 ? kPagedSplitBlocksPerSM<D> : kSplitBlocksPerSM;
+    const int slots = per_sm * kit::device_multiprocessors();
     const int splits = decode::splits_for(p.kv_len, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
     float* partial_o = static_cast<float*>(t.workspace);
     float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();

@@ -11,8 +11,9 @@
 // term of the row's whole softmax: it joins once, where the row is whole, in the combine (or, with one split, in the
 // block's merge), never in a split's partial, whose LSE the combine weighs: there it would count once per split.
 //
-// The rest is step 48's: the page table read two tiles ahead, the walk without a division, up to two row tiles a
-// block sharing each K and V fragment, the 4-stage cp.async ring, the warps' merge, the combine; step 45's cache forms.
+// The rest is step 48's: the page table read two tiles ahead, the walk without a division, the split rule's blocks
+// an SM on a paged cache, up to two row tiles a block sharing each K and V fragment, the 4-stage cp.async ring, the
+// warps' merge, the combine; step 45's cache forms.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "42_split_kv_decode/split_kv.cuh"
@@ -52,6 +53,8 @@ constexpr int kTileKeys = kWarps * kWarpKeys;   ///< keys of a tile, 64
 constexpr int kStages = 4;                      ///< tiles of the ring: kStages - 1 on the way while one is used
 constexpr int kLookahead = 2;                   ///< tiles between a page-table read and the copies that use it
 constexpr int kSplitBlocksPerSM = 1;            ///< split blocks the split rule counts on an SM (step 44's choice)
+/// Split blocks the rule counts on an SM for a paged cache: as many as keep the bytes in flight of one at d = 128.
+template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
@@ -426,7 +429,8 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
-    const int slots = kSplitBlocksPerSM * kit::device_multiprocessors();
+    const int per_sm = p.page_size > 0 ? kPagedSplitBlocksPerSM<D> : kSplitBlocksPerSM;
+    const int slots = per_sm * kit::device_multiprocessors();
     const int splits = decode::splits_for(window_keys(p), std::int64_t(p.batch) * p.kv_heads * chunks, slots);
     float* partial_o = static_cast<float*>(t.workspace);
     float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();

@@ -437,7 +437,8 @@ def roofline(rows, steps=()) -> str:
     picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
     ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
     read = _median(ceiling) if ceiling else None
-    steps = list(steps) or sorted({r["step"] for r in picked if not plots.is_peer(r)}, key=plots.order_key)
+    # A step's column is its label: an ablation's variant ("48-bps2") is a column of its own, never in the step's median.
+    steps = list(steps) or sorted({plots.label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
     peers = [p for p in PEER_COLUMN if any(r["step"] == p for r in picked)]
 
     def page_size(suite):
@@ -449,8 +450,9 @@ def roofline(rows, steps=()) -> str:
 
     tbps: dict = {}
     for r in picked:
-        if r["step"] in steps or r["step"] in peers:
-            tbps.setdefault((config(r), r["step"], page_size(r["suite"])), []).append(r["gbps"] / 1000)
+        name = r["step"] if r["step"] in peers else plots.label(r)
+        if name in steps or name in peers:
+            tbps.setdefault((config(r), name, page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}
     columns = [(name, ps) for name in steps + peers for ps in sorted({k[2] for k in med if k[1] == name})]
     head = (["B", "kv_len", "new tokens", "mask", "heads", "d", "dtype"]

@@ -87,4 +87,17 @@ with tempfile.TemporaryDirectory() as folder:
     assert cells[10] == "46" and abs(float(cells[11].rstrip("×")) - median / 4) < 0.005, cells
     assert abs(float(cells[12].rstrip("×")) - 0.105 / 0.125) < 0.005, cells
     assert "2 alternating round(s)" in table and "4 TB/s" in table, table
+    # An ablation's variant of the step in the same rounds (twice as fast) is a column of its own: the step's
+    # medians stay its own, and the variant's are the variant's.
+    with open(out, "a", newline="") as f:
+        for suite in ("round1", "round2"):
+            variant = row("46", 0.050, suite)
+            variant[plots.COLUMNS.index("variant")] = "bps2"
+            csv.writer(f, lineterminator="\n").writerow(variant)
+    rows = plots.load([out])
+    for steps, value in ((["46"], median), (["46-bps2"], kv_bytes / (0.050 * 1e6) / 1000)):
+        line = next(t for t in tables.roofline(rows, steps).splitlines() if t.startswith("| 8 | 8192 | 4 | bottom-right"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert abs(float(cells[7]) - value) < 0.01 and cells[-3] == steps[0], (steps, cells, value)
+    assert "46-bps2" in tables.roofline(rows), tables.roofline(rows)
 print("decode roofline: plan, merge and table as expected")

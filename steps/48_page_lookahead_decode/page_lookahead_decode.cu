@@ -16,8 +16,8 @@
 // at d = 128 (its ring's rows are half as wide), too few to cover a paged read's longer wait: Nsight Compute on the
 // H200 (B = 8, 16/16 heads, 8,192 keys, pages of 16) saw one warp a scheduler, eligible a third of the cycles, and
 // 3.0 TB/s against 4.0 contiguous. On a paged cache the rule counts 128 / d blocks an SM, so d = 64 gets the splits
-// that put two on each SM and the bytes in flight of d = 128 (a contiguous cache keeps one: two were slower there, as
-// they were at d = 128 with pages).
+// that put two on each SM and the bytes in flight of d = 128. (At d = 128 the ring's 128 KiB leave an SM room for
+// one block: counting two only queued more waves. A contiguous cache keeps one: two were slower there.)
 //
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;

@@ -58,10 +58,14 @@ def _sci(value: float) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:.1e}"
 
 
+def _label(row: dict) -> str:
+    """A step's or peer's label in a table: its id, with its variant ("50-tanh", "48-bps2", "sdpa-cudnn")."""
+    return row["step"] + (f"-{row['variant']}" if row["variant"] else "")
+
+
 def _matches(row: dict, labels: list[str]) -> bool:
     """True when the row's step id or label ("05", "05-pad1", "cublas", "sdpa-flash") is listed."""
-    name = row["step"] + (f"-{row['variant']}" if row["variant"] else "")
-    return row["step"] in labels or name in labels
+    return row["step"] in labels or _label(row) in labels
 
 
 def _name(row: dict) -> str:
@@ -209,11 +213,6 @@ def _config(row: dict) -> tuple:
     return (row["head_dim"], row["batch"], row["q_len"], row["q_heads"], row["dtype"], row["causal"])
 
 
-def _label(row: dict) -> str:
-    """A step's or peer's label in a rounds table: its id, with its variant ("50-tanh")."""
-    return row["step"] + (f"-{row['variant']}" if row["variant"] else "")
-
-
 def rounds(rows, steps, head_dim=None) -> str:
     """TFLOPS per configuration of the forward, the median over the rounds of bench/hopper_rounds.sh (rows
     whose suite is round1, round2, ...), for the listed steps and every peer; then the fastest listed step
@@ -309,9 +308,7 @@ def backward(rows, steps=(), head_dim=None, suite=None) -> str:
               and not re.fullmatch(r"round\d+-.+", r["suite"])]
     peers = library_peers(picked)
 
-    def name(r):
-        return r["step"] + (f"-{r['variant']}" if r["variant"] else "")
-
+    name = _label
     steps = list(steps) or sorted({name(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
     columns = steps + peers
 
@@ -438,7 +435,7 @@ def roofline(rows, steps=()) -> str:
     ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
     read = _median(ceiling) if ceiling else None
     # A step's column is its label: an ablation's variant ("48-bps2") is a column of its own, never in the step's median.
-    steps = list(steps) or sorted({plots.label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
+    steps = list(steps) or sorted({_label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
     peers = [p for p in PEER_COLUMN if any(r["step"] == p for r in picked)]
 
     def page_size(suite):
@@ -450,7 +447,7 @@ def roofline(rows, steps=()) -> str:
 
     tbps: dict = {}
     for r in picked:
-        name = r["step"] if r["step"] in peers else plots.label(r)
+        name = _label(r)
         if name in steps or name in peers:
             tbps.setdefault((config(r), name, page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}

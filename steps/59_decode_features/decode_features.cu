@@ -127,13 +127,13 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
               q_row ? *reinterpret_cast<const std::uint32_t*>(q_row + 16 * k + 8 * x + 2 * t) : 0u;
     }
 
-  // The keys each row of the block sees, [first, last) (the window, the mask and the length; none for a padding row),
-  // in shared memory: a lane's registers hold Q, O and the page walk, and its rows' window starts beside their ends
-  // would spill at d = 128 with two row tiles.
+  // The keys of this split each row of the block sees, [first, last) (the window, the mask, the length and the
+  // split's end; none for a padding row), in shared memory: a lane's registers hold Q, O and the page walk, and its
+  // rows' window starts beside their ends would spill at d = 128 with two row tiles.
   __shared__ int sm_first[kRows], sm_last[kRows];
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const KeyRange keys = holds(r) ? keys_of(token_of(r)) : KeyRange{};
-    sm_first[r] = keys.first, sm_last[r] = keys.last;
+    sm_first[r] = keys.first, sm_last[r] = min(keys.last, last);
   }
   __syncthreads();
 
@@ -250,22 +250,28 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
         mma_m16n8k16<T>(S[mt][1], q_frag[mt][k], kb[2], kb[3]);
       }
     }
-    // Scaled to log2 units (capped: softcap log2(e) tanh(scale S / softcap)), and -inf for a key past the slice or
-    // outside the row's keys (a padding row sees none).
+    // Scaled to log2 units (capped: softcap log2(e) tanh(scale S / softcap)), and -inf for a key outside the row's
+    // keys of the slice (a padding row sees none). Each row's two ends are read once a tile, both loads issued before
+    // either is compared: a compare that waited on one load before issuing the next (as `a && sm[r] ...` compiles)
+    // put a shared-memory round trip after another on every score, and halved the kernel's speed at d = 64.
     // S[mt][n][e] is row 16 mt + g + 8 (e >= 2), key base + 8n + 2t + (e & 1).
     const int base = first + tile * kTileKeys + warp * kWarpKeys;
 #pragma unroll
     for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int half = 0; half < 2; ++half) {
+        const int r = kTileRows * mt + g + 8 * half;
+        const int row_first = sm_first[r], row_last = sm_last[r];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = base + 8 * n + 2 * t + (e & 1);
-          const int r = kTileRows * mt + g + 8 * (e >> 1);
-          const float score = kSoftcap ? model.cap_log2 * tanh_exp2(S[mt][n][e] * model.scale_over_cap)
-                                       : S[mt][n][e] * scale_log2;
-          S[mt][n][e] = j < last && j >= sm_first[r] && j < sm_last[r] ? score : -INFINITY;
-        }
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            float& s_ = S[mt][n][2 * half + x];
+            const int j = base + 8 * n + 2 * t + x;
+            const float score = kSoftcap ? model.cap_log2 * tanh_exp2(s_ * model.scale_over_cap) : s_ * scale_log2;
+            s_ = j >= row_first && j < row_last ? score : -INFINITY;
+          }
+      }
     // Online softmax on the fragments, row by row (half 0: row g, elements 0-1 of each tile; half 1: row g + 8,
     // elements 2-3). A row's 16 scores are spread over the 4 lanes of a quad: two butterfly shuffles join its max.
     // P stays in registers: the C fragments of the two key tiles are, element for element, the A fragment of the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session in one call: build, the whole test suite, the benchmark, then
-# compute-sanitizer (memcheck and racecheck) over the GPU tests.
+# One GPU session in one call: build, the whole test suite (bench/gpu_suite.py, over every GPU), the benchmark,
+# then compute-sanitizer (memcheck and racecheck) over the GPU tests.
 # Logs and the CSV go to $OUT (default ./out). Used on the lent H100 like this:
 #   bash bench/device_session.sh [fa-bench options...]
 # FA_TRACE=1 also runs step 02's trace suite (fa-bench --suite trace) into $OUT/trace.*.
@@ -26,9 +26,15 @@ status=$?
 grep -E "error|warning" "$OUT/build.log" | grep -v "ptxas info" | head -20
 if [ $status -ne 0 ]; then tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
 
-echo "== ctest"
-ctest --test-dir build --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
-grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -30
+# The whole suite over every GPU of the machine from one queue (bench/gpu_suite.py). FA_SUITE_DEADLINE (seconds)
+# stops it in time for the rest of a device call; with FA_SUITE_STATE outside $OUT (e.g. /tmp/fa-suite) the next
+# call on the same machine runs only the tests left.
+echo "== the suite"
+state=${FA_SUITE_STATE:-$OUT/suite}
+python3 bench/gpu_suite.py --build build --state "$state" ${FA_SUITE_DEADLINE:+--deadline "$FA_SUITE_DEADLINE"} \
+  > "$OUT/suite.log" 2>&1
+tail -n 12 "$OUT/suite.log"
+[ "$state" = "$OUT/suite" ] || cp "$state/results.tsv" "$OUT/suite-results.tsv"
 
 if [ "${FA_BENCH:-1}" = 1 ]; then
   echo "== fa-bench $*"
@@ -87,4 +93,4 @@ if [ "${FA_SANITIZE:-1}" = 1 ]; then
 fi
 
 # At most 8 files come back from the device: the logs travel as one archive.
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+(cd "$OUT" && tar czf logs.tar.gz ./*.log $(ls -d suite 2> /dev/null) && rm -rf ./*.log suite)

@@ -120,6 +120,21 @@ def main(argv=None) -> int:
     ap.add_argument("--include", default=None, help="a regular expression: only tests whose name matches run")
     ap.add_argument("--costs", default=None, help="a results.tsv of an earlier run: its seconds order the queue")
     args = ap.parse_args(argv)
+    # Bad arguments are refused by name before any test runs.
+    if not os.path.isfile(os.path.join(args.build, "CTestTestfile.cmake")):
+        ap.error(f"--build {args.build}: no CTestTestfile.cmake there; configure and build the tree first "
+                 f"(cmake -S . -B {args.build} ... && cmake --build {args.build})")
+    if args.per_gpu < 1:
+        ap.error(f"--per-gpu {args.per_gpu}: at least 1 test at a time on each GPU")
+    if args.deadline is not None and args.deadline <= 0:
+        ap.error(f"--deadline {args.deadline:g}: seconds from now, more than 0")
+    if args.costs and not os.path.isfile(args.costs):
+        ap.error(f"--costs {args.costs}: no such file (a results.tsv of an earlier run)")
+    for option in ("include", "exclude"):
+        try:
+            re.compile(getattr(args, option) or "")
+        except re.error as e:
+            ap.error(f"--{option} {getattr(args, option)!r}: not a regular expression ({e})")
     start = time.time()
     deadline = start + args.deadline if args.deadline else float("inf")
 
@@ -132,7 +147,7 @@ def main(argv=None) -> int:
             if len(f) == 4:
                 final[f[0]] = f[3]
     costs = {}
-    if args.costs and os.path.exists(args.costs):
+    if args.costs:
         for line in open(args.costs):
             f = line.rstrip("\n").split("\t")
             if len(f) == 4:

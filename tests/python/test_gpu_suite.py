@@ -124,8 +124,20 @@ def main() -> int:
         # --include: only the chosen tests count, and their exit status is theirs.
         rc, out = suite(build, os.path.join(tmp, "state2"), "--include", "^(plain pass|skip code)$")
         assert rc == 0 and "suite: 1 passed, 0 failed, 1 skipped, 0 left" in out, out
+        # Bad arguments: refused by name (exit 2, argparse's), no test run, no results written.
+        for extra, named in ((["--build", os.path.join(tmp, "nowhere")], "no CTestTestfile.cmake"),
+                             (["--per-gpu", "0"], "--per-gpu 0"), (["--deadline", "-1"], "--deadline -1"),
+                             (["--costs", os.path.join(tmp, "none.tsv")], "--costs"),
+                             (["--include", "("], "not a regular expression")):
+            args = ["--build", build, *extra] if extra[0] != "--build" else extra
+            env = dict(os.environ, FA_SUITE_GPUS="2")
+            p = subprocess.run([sys.executable, SUITE, "--state", os.path.join(tmp, "state3"), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            out = p.stdout.decode()
+            assert p.returncode == 2 and named in out and "Traceback" not in out, (extra, out)
+            assert not os.path.exists(os.path.join(tmp, "state3", "results.tsv")), extra
     print(f"gpu_suite.py: ctest's verdict on {len(TESTS)} property cases, one GPU a test, RUN_SERIAL alone, "
-          "a cut run resumed")
+          "a cut run resumed, bad arguments refused")
     return 0
 
 

@@ -32,7 +32,7 @@ if [ $status -ne 0 ]; then tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 
 echo "== the suite"
 state=${FA_SUITE_STATE:-$OUT/suite}
 python3 bench/gpu_suite.py --build build --state "$state" ${FA_SUITE_DEADLINE:+--deadline "$FA_SUITE_DEADLINE"} \
-  > "$OUT/suite.log" 2>&1
+  --keep-logs "^mutants/" > "$OUT/suite.log" 2>&1
 tail -n 12 "$OUT/suite.log"
 [ "$state" = "$OUT/suite" ] || cp "$state/results.tsv" "$OUT/suite-results.tsv"
 

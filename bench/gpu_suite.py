@@ -2,7 +2,7 @@
 """The ctest suite over every GPU of the machine from one queue, resumable across device calls.
 
     python3 bench/gpu_suite.py [--build build] [--state DIR] [--deadline SECONDS] [--per-gpu N]
-                               [--exclude REGEX] [--include REGEX] [--costs FILE]
+                               [--exclude REGEX] [--include REGEX] [--costs FILE] [--keep-logs REGEX]
 
 `ctest -j` runs every test on the GPU the driver picks first, and splitting the suite by ctest's stride (`-I g,,n`)
 leaves one GPU idle while the other finishes its longer half. Here every test's command, as
@@ -13,7 +13,8 @@ regular expressions: `.` matches a newline), SKIP_RETURN_CODE, WILL_FAIL, TIMEOU
 a RUN_SERIAL test runs alone on its GPU, and a test labelled `all-gpus` (ring attention) alone at the end with every
 GPU visible. Each verdict is appended to STATE/results.tsv (name, GPU, seconds, passed|failed|skipped|cut): run it
 again with the same --state (a later call on the same machine) and only the tests without a verdict, or cut by the
-last --deadline, run. A failed or cut test's output goes to STATE/logs/.
+last --deadline, run. A failed or cut test's output goes to STATE/logs/, and a passed one's where its name matches
+--keep-logs (the mutation table's first failing case of each mutant, which docs/instructors.md quotes).
 
 Exit status: 0 when every test passed or was skipped, 1 when one failed, 2 when none failed but some are left.
 Used by bench/device_session.sh; FA_SUITE_GPUS=n stands in for nvidia-smi's count (0: no CUDA_VISIBLE_DEVICES set).
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--exclude", default=None, help="a regular expression: tests whose name matches do not run")
     ap.add_argument("--include", default=None, help="a regular expression: only tests whose name matches run")
     ap.add_argument("--costs", default=None, help="a results.tsv of an earlier run: its seconds order the queue")
+    ap.add_argument("--keep-logs", default=None, help="a regular expression: passed tests whose name matches keep "
+                    "their output in STATE/logs/ too")
     args = ap.parse_args(argv)
     # Bad arguments are refused by name before any test runs.
     if not os.path.isfile(os.path.join(args.build, "CTestTestfile.cmake")):
@@ -130,11 +133,11 @@ def main(argv=None) -> int:
         ap.error(f"--deadline {args.deadline:g}: seconds from now, more than 0")
     if args.costs and not os.path.isfile(args.costs):
         ap.error(f"--costs {args.costs}: no such file (a results.tsv of an earlier run)")
-    for option in ("include", "exclude"):
+    for option in ("include", "exclude", "keep_logs"):
         try:
             re.compile(getattr(args, option) or "")
         except re.error as e:
-            ap.error(f"--{option} {getattr(args, option)!r}: not a regular expression ({e})")
+            ap.error(f"--{option.replace('_', '-')} {getattr(args, option)!r}: not a regular expression ({e})")
     start = time.time()
     deadline = start + args.deadline if args.deadline else float("inf")
 
@@ -180,10 +183,12 @@ def main(argv=None) -> int:
                 f.write(f"{t['name']}\t{where}\t{seconds:.1f}\t{result}\n")
             final[t["name"]] = result
             tally[result] = tally.get(result, 0) + 1
-            if result in ("failed", "cut"):
+            bad = result in ("failed", "cut")
+            if bad or (args.keep_logs and re.search(args.keep_logs, t["name"])):
                 safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", t["name"])[:150]
                 with open(os.path.join(args.state, "logs", safe + ".log"), "w") as f:
                     f.write(out)
+            if bad:
                 print(f"{result.upper()}: {t['name']} ({seconds:.0f} s)", flush=True)
 
     def run(t, gpu):

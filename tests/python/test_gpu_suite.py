@@ -122,13 +122,17 @@ def main() -> int:
         assert out.splitlines()[0].startswith("2 of "), out
         assert rc == 1, out  # the failures of the first call stand
         # --include: only the chosen tests count, and their exit status is theirs.
-        rc, out = suite(build, os.path.join(tmp, "state2"), "--include", "^(plain pass|skip code)$")
+        rc, out = suite(build, os.path.join(tmp, "state2"), "--include", "^(plain pass|skip code)$",
+                        "--keep-logs", "^plain")
         assert rc == 0 and "suite: 1 passed, 0 failed, 1 skipped, 0 left" in out, out
+        # --keep-logs: a passed test's output is kept where its name matches, and only there.
+        assert os.listdir(os.path.join(tmp, "state2", "logs")) == ["plain_pass.log"], out
         # Bad arguments: refused by name (exit 2, argparse's), no test run, no results written.
         for extra, named in ((["--build", os.path.join(tmp, "nowhere")], "no CTestTestfile.cmake"),
                              (["--per-gpu", "0"], "--per-gpu 0"), (["--deadline", "-1"], "--deadline -1"),
                              (["--costs", os.path.join(tmp, "none.tsv")], "--costs"),
-                             (["--include", "("], "not a regular expression")):
+                             (["--include", "("], "not a regular expression"),
+                             (["--keep-logs", "["], "--keep-logs")):
             args = ["--build", build, *extra] if extra[0] != "--build" else extra
             env = dict(os.environ, FA_SUITE_GPUS="2")
             p = subprocess.run([sys.executable, SUITE, "--state", os.path.join(tmp, "state3"), *args],
@@ -137,7 +141,7 @@ def main() -> int:
             assert p.returncode == 2 and named in out and "Traceback" not in out, (extra, out)
             assert not os.path.exists(os.path.join(tmp, "state3", "results.tsv")), extra
     print(f"gpu_suite.py: ctest's verdict on {len(TESTS)} property cases, one GPU a test, RUN_SERIAL alone, "
-          "a cut run resumed, bad arguments refused")
+          "a cut run resumed, passed tests' logs kept by name, bad arguments refused")
     return 0
 
 

@@ -12,7 +12,7 @@
 // block's merge), never in a split's partial, whose LSE the combine weighs: there it would count once per split.
 //
 // The rest is step 48's: the page table read two tiles ahead, the walk without a division, the split rule's blocks
-// an SM on a paged cache, up to two row tiles a block sharing each K and V fragment, the 4-stage cp.async ring, the
+// an SM on a paged cache, a kernel without the walk for a contiguous cache, up to two row tiles a block sharing each K and V fragment, the 4-stage cp.async ring, the
 // warps' merge, the combine; step 45's cache forms.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
@@ -81,7 +81,7 @@ struct Model {
 /// log-sum-exp in log2 units into the workspace; a row that sees none of the slice's keys gets O = 0 and -inf. With
 /// one split (gridDim.x = 1) it writes O and LSE instead, the head's sink in them. kSoftcap: each score becomes
 /// softcap tanh(scale q.k / softcap), in log2 units.
-template <class T, int D, int kTiles, bool kSoftcap>
+template <class T, int D, int kTiles, bool kSoftcap, bool kPaged>
 __global__ void __launch_bounds__(kThreads)
 split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
              int splits, int chunks, float scale_log2, Model model) {
@@ -149,7 +149,11 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const T* k_rows = s.K + kv_h * D;
   const T* v_rows = s.V + kv_h * D;
   const int stride = s.kv_stride();
-  const int* pages = cache.page_table ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size) : nullptr;
+  // Without kPaged, pages is nullptr at compile time: the contiguous cache's kernel has no walk, every `pages ?`
+  // below folded away.
+  const int* pages = kPaged && cache.page_table
+                         ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size)
+                         : nullptr;
   auto row_of = [&](int j) -> std::int64_t {
     if (!pages) return std::int64_t(b) * cache.kv_len + j;
     return std::int64_t(cache.page(pages, b, j / cache.page_size, len)) * cache.page_size + j % cache.page_size;
@@ -415,16 +419,19 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 }
 
 /// The split kernel of one or two row tiles: one where a KV head's pairs fit in 16 rows, so that a block of one new
-/// token is step 46's, two where they do not.
+/// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one.
 template <class T, int D, bool kSoftcap>
 void launch_split(int tiles, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads, const kit::Cache& cache,
                   float* partial_o, float* partial_lse, int splits, int chunks, float scale_log2, const Model& model) {
+  const auto go = [&](auto kernel) {
+    kit::launch(kernel, grid, kThreads, kRingBytes<D>, stream, heads, cache, partial_o, partial_lse, splits, chunks,
+                scale_log2, model);
+  };
+  const bool paged = cache.page_table != nullptr;
   if (tiles == 1)
-    kit::launch(split_kernel<T, D, 1, kSoftcap>, grid, kThreads, kRingBytes<D>, stream, heads, cache, partial_o,
-                partial_lse, splits, chunks, scale_log2, model);
+    paged ? go(split_kernel<T, D, 1, kSoftcap, true>) : go(split_kernel<T, D, 1, kSoftcap, false>);
   else
-    kit::launch(split_kernel<T, D, kMaxTiles, kSoftcap>, grid, kThreads, kRingBytes<D>, stream, heads, cache,
-                partial_o, partial_lse, splits, chunks, scale_log2, model);
+    paged ? go(split_kernel<T, D, kMaxTiles, kSoftcap, true>) : go(split_kernel<T, D, kMaxTiles, kSoftcap, false>);
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel over

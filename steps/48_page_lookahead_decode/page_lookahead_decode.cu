@@ -22,7 +22,7 @@
 // And a contiguous cache gets a kernel of its own, compiled without the page walk (kPaged, a template parameter):
 // the walk's registers, table reads and `pages ?` tests were in the loop of every call, paged or not, and step 47,
 // which has no walk, read a contiguous cache faster. On the H200 (session 23, f16, one new token) the loop of one
-// row tile at d = 64 went from 420 to 325 instructions (cuobjdump) and the read from 3.71 to 4.06 TB/s, 0.96x the
+// row tile at d = 64 went from 415 to 299 instructions (cuobjdump, CUDA 13.0) and the read from 3.71 to 4.06 TB/s, 0.96x the
 // read ceiling (B = 8, 16/16 heads, 8,192 keys, medians of two rounds; step 47: 4.07); at d = 128 with 32/8 heads,
 // in one round, from 3.85 to 4.07 (B = 64, 2,048 keys) and 3.76 to 3.86 (B = 1, 131,072), the same at B = 8
 // (3.73, 3.72), and with 8 new tokens from 2.75 to 3.06 (B = 8). The paged kernel is the one before.

@@ -19,13 +19,13 @@
 // that put two on each SM and the bytes in flight of d = 128. (At d = 128 the ring's 128 KiB leave an SM room for
 // one block: counting two only queued more waves. A contiguous cache keeps one: two were slower there.)
 //
-// And a contiguous cache gets a kernel of its own, compiled without the page walk (kPaged, a template parameter):
-// the walk's registers, table reads and `pages ?` tests were in the loop of every call, paged or not, and step 47,
-// which has no walk, read a contiguous cache faster. On the H200 (session 23, f16, one new token) the loop of one
-// row tile at d = 64 went from 415 to 299 instructions (cuobjdump, CUDA 13.0) and the read from 3.71 to 4.06 TB/s, 0.96x the
-// read ceiling (B = 8, 16/16 heads, 8,192 keys, medians of two rounds; step 47: 4.07); at d = 128 with 32/8 heads,
-// in one round, from 3.85 to 4.07 (B = 64, 2,048 keys) and 3.76 to 3.86 (B = 1, 131,072), the same at B = 8
-// (3.73, 3.72), and with 8 new tokens from 2.75 to 3.06 (B = 8). The paged kernel is the one before.
+// And a contiguous cache gets a kernel of its own, compiled without the page walk (kPaged, a template parameter): the
+// walk's registers, table reads and `pages ?` tests were in the loop of every call, paged or not, and step 47, which
+// has no walk, read a contiguous cache faster. On the H200 (session 23, f16, one new token) the loop of one row tile at
+// d = 64 went from 415 to 299 instructions (cuobjdump, CUDA 13.0) and the read from 3.71 to 4.06 TB/s, 0.96x the read
+// ceiling (B = 8, 16/16 heads, 8,192 keys, medians of two rounds; step 47: 4.07); at d = 128 with 32/8 heads, in one
+// round, from 3.85 to 4.07 (B = 64, 2,048 keys) and 3.76 to 3.86 (B = 1, 131,072), the same at B = 8 (3.73, 3.72), and
+// with 8 new tokens from 2.75 to 3.06 (B = 8). The paged kernel is the one before.
 //
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;
@@ -81,6 +81,7 @@ template <int D> constexpr int kRingBytes = kStages * kWarps * 2 * kSliceBytes<D
 /// first + 64 t + 16 w .. + 15 of tile t. Writes, per row, the slice's O (divided by its own sum) and its
 /// log-sum-exp in log2 units into the workspace; a row that sees none of the slice's keys gets O = 0 and -inf. With
 /// one split (gridDim.x = 1) it writes O and LSE instead.
+/// kPaged: a paged cache's kernel, with the page walk; without it, a contiguous cache's.
 template <class T, int D, int kTiles, bool kPaged>
 __global__ void __launch_bounds__(kThreads)
 split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
@@ -138,7 +139,8 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const T* v_rows = s.V + kv_h * D;
   const int stride = s.kv_stride();
   // Without kPaged, pages is nullptr at compile time: the contiguous cache's kernel has no walk, every `pages ?`
-  // below folded away.
+  // below folded away. The paged kernel still tests the table at run time, as before: told at compile time that it is
+  // there, its loop grew (420 to 433 instructions in session 23's ablation) and read pages of 16 slower.
   const int* pages = kPaged && cache.page_table
                          ? cache.page_table + std::int64_t(b) * (cache.kv_len / cache.page_size)
                          : nullptr;

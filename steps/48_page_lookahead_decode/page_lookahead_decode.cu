@@ -27,6 +27,16 @@
 // round, from 3.85 to 4.07 (B = 64, 2,048 keys) and 3.76 to 3.86 (B = 1, 131,072), the same at B = 8 (3.73, 3.72), and
 // with 8 new tokens from 2.75 to 3.06 (B = 8). The paged kernel is the one before.
 //
+// And two more changes, timed as variants (session 24, H200, f16, 32/8 heads, d = 128, medians of two rounds). A
+// paged kernel of one row tile copies a warp's 16-key slice that lies in one page as a contiguous cache's: one row
+// from the walk and the 15 after it (the splits' shares are multiples of 16 keys, so slices start where pages of 16
+// may); at d = 128 its loop went from 673 to 517 instructions (contiguous: 413), and with one new token pages of 16
+// from 0.87 to 0.97x the contiguous speed (B = 1, 131,072 keys: 3.35 to 3.74 TB/s; B = 8, 8,192: 3.26 to 3.61;
+// B = 64, 2,048: 3.37 to 3.86). And the kernel of two row tiles at d = 128 (several new tokens), whose 255 registers a
+// thread leave one warp a scheduler, gets a ring of 3 stages, so that two blocks share an SM: with 8 new tokens
+// 3.21 to 3.52 TB/s contiguous and 2.56 to 3.40 on pages of 16 (B = 1), 3.14 to 3.47 and 2.41 to 3.33 (B = 64),
+// 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
+//
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;
 // the split rule and the combine; step 45's cache forms.
@@ -72,7 +82,13 @@ template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
 /// The ring: per stage, per warp, its slice of K then its slice of V.
-template <int D> constexpr int kRingBytes = kStages * kWarps * 2 * kSliceBytes<D>;
+template <int D, int kRing> constexpr int kRingBytes = kRing * kWarps * 2 * kSliceBytes<D>;
+/// Stages of a kernel's ring: kStages, but 3 for two row tiles at d = 128, whose 255 registers a thread leave its
+/// SM one warp a scheduler: 3 x 32 KiB lets two blocks share the SM (the split rule counts two), and each warp's
+/// waits are covered by the other block's.
+template <int D, int kTiles> constexpr int kRingStages = D == 128 && kTiles == 2 ? 3 : kStages;
+/// Split blocks the rule counts on an SM for a kernel of two row tiles at d = 128: the two its ring lets in.
+constexpr int kTwoTileBlocksPerSM = 2;
 
 /// Block (split, kv_h x chunks + chunk, b): the keys of split `split` of sequence b, for the kRows = kTiles x 16 rows
 /// of chunk `chunk` of KV head kv_h's group: row r is pair x = chunk x kRows + r of the group's (query head, new
@@ -92,6 +108,10 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   constexpr int kChunksPerRow = D / kChunkElems;    // 16-byte chunks of a key's row
   constexpr int kCopies = kWarpKeys * kChunksPerRow / kWarpSize;  // chunks of K (and of V) a lane copies a tile
   constexpr int kRowBytes = D * 2;
+  constexpr int kRing = kRingStages<D, kTiles>;     // stages of this kernel's ring
+  // A paged kernel of one row tile copies a slice that lies in one page as a contiguous cache's (see start_tile).
+  // (With two row tiles its registers would spill.)
+  constexpr bool kSlicesInPages = kPaged && kTiles == 1;
   const int split = blockIdx.x, kv_h = blockIdx.y / chunks, chunk = blockIdx.y % chunks, b = blockIdx.z;
   const int group = s.q_heads / s.kv_heads, rows = group * s.q_len;
   // Row r's query head and new token; rows past the group's pairs (in the last chunk) are padding.
@@ -102,8 +122,9 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const int g = lane >> 2;  // groupID: this lane's rows are g and g + 8
   const int t = lane & 3;   // threadID_in_group: its columns are 2t, 2t + 1 of every n8 tile
   const int len = cache.len(b);
-  // This split's keys: an equal share of the sequence's, [first, last). The same for the whole block.
-  const int share = kit::ceil_div(len, splits);
+  // This split's keys: an equal share of the sequence's in multiples of 16 keys, [first, last) (so that a warp's
+  // slices start where pages of 16, 32, ... may). The same for the whole block.
+  const int share = kit::ceil_div(kit::ceil_div(len, splits), kWarpKeys) * kWarpKeys;
   const int first = min(split * share, len), last = min(first + share, len);
 
   // Each row tile's 16 rows of Q as A fragments, one per k-step, read once from global memory (a[0]: row g, columns
@@ -185,17 +206,35 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     return shared_address(ring + ((stage * kWarps + warp) * 2 + kv) * kSliceBytes<D>);
   };
   const int tiles = kit::ceil_div(last - first, kTileKeys);
-  // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kStages, as one commit group of each
+  // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kRing, as one commit group of each
   // lane (empty past the last tile, so that every iteration below counts the same number of groups). Consecutive
   // lanes take consecutive 16-byte chunks of a key's row (coalesced), stored swizzled (conflict-free, as step 09's
   // tiles). A key past the slice is filled with zeros, read from nowhere, and masked below.
   auto start_tile = [&](int tile) {
     if (tile < tiles) {
       const int base = first + tile * kTileKeys + warp * kWarpKeys;
+      // A slice (16 keys from a multiple of 16) lies in one page where the page size is a multiple of 16, and
+      // sometimes where it is not: then its rows in the pool are lane 0's and the 15 after it, and its copies are
+      // addressed as a contiguous cache's, without a shuffle and a 64-bit multiply each (a uniform branch: lane 0's
+      // row in its page decides for the warp).
+      const bool one_page =
+          kSlicesInPages && pages && __shfl_sync(kFullMask, held[0].offset, 0) + kWarpKeys <= page_size;
       const std::int64_t rows_here = pages ? row_held(held[0], base + (lane & (kWarpKeys - 1))) : 0;
 #pragma unroll
       for (int x = 0; x + 1 < kLookahead; ++x) held[x] = held[x + 1];
       held[kLookahead - 1] = read_ahead();
+      if (one_page) {
+        const std::int64_t slice_at = __shfl_sync(kFullMask, rows_here, 0) * stride;
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+          const int e = i * kWarpSize + lane, key = e / kChunksPerRow, c = e % kChunksPerRow;
+          const int j = base + key;
+          const std::int64_t at = j < last ? slice_at + (key * stride + c * kChunkElems) : 0;
+          const int to = swizzled_offset<D>(key, c);
+          cp_async_16(slice(tile % kRing, 0) + to, k_rows + at, j < last ? 16 : 0);
+          cp_async_16(slice(tile % kRing, 1) + to, v_rows + at, j < last ? 16 : 0);
+        }
+      } else
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const int e = i * kWarpSize + lane, key = e / kChunksPerRow, c = e % kChunksPerRow;
@@ -203,14 +242,14 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
         const std::int64_t row = pages ? __shfl_sync(kFullMask, rows_here, key) : row_of(j);
         const std::int64_t at = j < last ? row * stride + c * kChunkElems : 0;
         const int to = swizzled_offset<D>(key, c);
-        cp_async_16(slice(tile % kStages, 0) + to, k_rows + at, j < last ? 16 : 0);
-        cp_async_16(slice(tile % kStages, 1) + to, v_rows + at, j < last ? 16 : 0);
+        cp_async_16(slice(tile % kRing, 0) + to, k_rows + at, j < last ? 16 : 0);
+        cp_async_16(slice(tile % kRing, 1) + to, v_rows + at, j < last ? 16 : 0);
       }
     }
     cp_async_commit();
   };
 #pragma unroll
-  for (int x = 0; x < kStages - 1; ++x) start_tile(x);
+  for (int x = 0; x < kRing - 1; ++x) start_tile(x);
 
   // ldmatrix addresses as step 09's, within a 16-key slice: for K (B of S = Q K^T) lanes 0-7 address keys 0-7 at
   // chunk 2k, lanes 8-15 keys 0-7 at chunk 2k + 1, lanes 16-31 the same for keys 8-15; for V (B of P V, through
@@ -222,14 +261,14 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const int v_lane_xor = (lane >> 4) ^ (lane & 7);
   // Every warp runs the same iterations (tiles is the block's), so the merge below has every warp.
   for (int tile = 0; tile < tiles; ++tile) {
-    // Tile tile + kStages - 1 set going, into the stage this warp finished reading in the last iteration; then wait
-    // until no more than kStages - 1 groups of this lane are in flight (tile `tile` of this lane has landed), and
+    // Tile tile + kRing - 1 set going, into the stage this warp finished reading in the last iteration; then wait
+    // until no more than kRing - 1 groups of this lane are in flight (tile `tile` of this lane has landed), and
     // for the warp's other lanes to have waited too: then every chunk of the warp's slice is there.
-    start_tile(tile + kStages - 1);
-    cp_async_wait<kStages - 1>();
+    start_tile(tile + kRing - 1);
+    cp_async_wait<kRing - 1>();
     __syncwarp();
-    const std::uint32_t K_lane = slice(tile % kStages, 0) + k_lane_row * kRowBytes;
-    const std::uint32_t V_lane = slice(tile % kStages, 1) + v_lane_row * kRowBytes;
+    const std::uint32_t K_lane = slice(tile % kRing, 0) + k_lane_row * kRowBytes;
+    const std::uint32_t V_lane = slice(tile % kRing, 1) + v_lane_row * kRowBytes;
 
     // S = Q K^T for the warp's 16 keys: two n8 tiles, one ldmatrix x4 a k-step, whose fragments feed every row
     // tile's mma: the keys are read from shared memory once for all the block's rows.
@@ -365,15 +404,16 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 template <class T, int D>
 void launch_split(int tiles, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads, const kit::Cache& cache,
                   float* partial_o, float* partial_lse, int splits, int chunks, float scale_log2) {
-  const auto go = [&](auto kernel) {
-    kit::launch(kernel, grid, kThreads, kRingBytes<D>, stream, heads, cache, partial_o, partial_lse, splits, chunks,
+  const auto go = [&](auto kernel, int ring_bytes) {
+    kit::launch(kernel, grid, kThreads, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits, chunks,
                 scale_log2);
   };
   const bool paged = cache.page_table != nullptr;
+  constexpr int kOne = kRingBytes<D, kRingStages<D, 1>>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>>;
   if (tiles == 1)
-    paged ? go(split_kernel<T, D, 1, true>) : go(split_kernel<T, D, 1, false>);
+    paged ? go(split_kernel<T, D, 1, true>, kOne) : go(split_kernel<T, D, 1, false>, kOne);
   else
-    paged ? go(split_kernel<T, D, kMaxTiles, true>) : go(split_kernel<T, D, kMaxTiles, false>);
+    paged ? go(split_kernel<T, D, kMaxTiles, true>, kTwo) : go(split_kernel<T, D, kMaxTiles, false>, kTwo);
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel over
@@ -384,7 +424,9 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
-    const int per_sm = p.page_size > 0 ? kPagedSplitBlocksPerSM<D> : kSplitBlocksPerSM;
+    const int per_sm = D == 128 && tiles == kMaxTiles ? kTwoTileBlocksPerSM
+                       : p.page_size > 0              ? kPagedSplitBlocksPerSM<D>
+                                                      : kSplitBlocksPerSM;
     const int slots = per_sm * kit::device_multiprocessors();
     const int splits = decode::splits_for(p.kv_len, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
     float* partial_o = static_cast<float*>(t.workspace);

@@ -12,8 +12,9 @@
 // block's merge), never in a split's partial, whose LSE the combine weighs: there it would count once per split.
 //
 // The rest is step 48's: the page table read two tiles ahead, the walk without a division, the split rule's blocks an
-// SM on a paged cache, a kernel without the walk for a contiguous cache, up to two row tiles a block sharing each K and
-// V fragment, the 4-stage cp.async ring, the warps' merge, the combine; step 45's cache forms.
+// SM on a paged cache, a kernel without the walk for a contiguous cache, a slice in one page copied as a contiguous
+// cache's, up to two row tiles a block sharing each K and V fragment, the cp.async ring (of 3 stages and two blocks an
+// SM for two row tiles at d = 128), the warps' merge, the combine; step 45's cache forms.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "42_split_kv_decode/split_kv.cuh"
@@ -59,7 +60,13 @@ template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
 /// The ring: per stage, per warp, its slice of K then its slice of V.
-template <int D> constexpr int kRingBytes = kStages * kWarps * 2 * kSliceBytes<D>;
+template <int D, int kRing> constexpr int kRingBytes = kRing * kWarps * 2 * kSliceBytes<D>;
+/// Stages of a kernel's ring: kStages, but 3 for two row tiles at d = 128, whose 255 registers a thread leave its
+/// SM one warp a scheduler: 3 x 32 KiB lets two blocks share the SM (the split rule counts two), and each warp's
+/// waits are covered by the other block's.
+template <int D, int kTiles> constexpr int kRingStages = D == 128 && kTiles == 2 ? 3 : kStages;
+/// Split blocks the rule counts on an SM for a kernel of two row tiles at d = 128: the two its ring lets in.
+constexpr int kTwoTileBlocksPerSM = 2;
 
 /// The models' features as the kernel reads them: the window's sides (-1: open), the cap in log2 units and the scale
 /// over it (the capped kernel's S = cap_log2 tanh(scale_over_cap q.k)), and each query head's sink logit (nullptr: no
@@ -92,6 +99,10 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   constexpr int kChunksPerRow = D / kChunkElems;    // 16-byte chunks of a key's row
   constexpr int kCopies = kWarpKeys * kChunksPerRow / kWarpSize;  // chunks of K (and of V) a lane copies a tile
   constexpr int kRowBytes = D * 2;
+  constexpr int kRing = kRingStages<D, kTiles>;     // stages of this kernel's ring
+  // A paged kernel of one row tile copies a slice that lies in one page as a contiguous cache's (see start_tile).
+  // (With two row tiles its registers would spill.)
+  constexpr bool kSlicesInPages = kPaged && kTiles == 1;
   const int split = blockIdx.x, kv_h = blockIdx.y / chunks, chunk = blockIdx.y % chunks, b = blockIdx.z;
   const int group = s.q_heads / s.kv_heads, rows = group * s.q_len;
   // Row r's query head and new token; rows past the group's pairs (in the last chunk) are padding.
@@ -107,8 +118,10 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const int left = model.window_left, right = model.window_right;
   auto keys_of = [&](int i) { return keys_range_in(len, s.q_len, i, s.causal, cache.bottom_right, left, right); };
   const KeyRange span{keys_of(0).first, keys_of(s.q_len - 1).last};
-  // This split's keys: an equal share of the span's, [first, last). The same for the whole block.
-  const int share = kit::ceil_div(span.count(), splits);
+  // This split's keys: an equal share of the span's in multiples of 16 keys, [first, last) (where the span starts at a
+  // multiple of 16, as it does without a window, a warp's slices then start where pages of 16, 32, ... may). The same
+  // for the whole block.
+  const int share = kit::ceil_div(kit::ceil_div(span.count(), splits), kWarpKeys) * kWarpKeys;
   const int first = min(span.first + split * share, span.last), last = min(first + share, span.last);
 
   // Each row tile's 16 rows of Q as A fragments, one per k-step, read once from global memory (a[0]: row g, columns
@@ -197,17 +210,35 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     return shared_address(ring + ((stage * kWarps + warp) * 2 + kv) * kSliceBytes<D>);
   };
   const int tiles = kit::ceil_div(last - first, kTileKeys);
-  // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kStages, as one commit group of each
+  // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kRing, as one commit group of each
   // lane (empty past the last tile, so that every iteration below counts the same number of groups). Consecutive
   // lanes take consecutive 16-byte chunks of a key's row (coalesced), stored swizzled (conflict-free, as step 09's
   // tiles). A key past the slice is filled with zeros, read from nowhere, and masked below.
   auto start_tile = [&](int tile) {
     if (tile < tiles) {
       const int base = first + tile * kTileKeys + warp * kWarpKeys;
+      // A slice (16 keys from a multiple of 16) lies in one page where the page size is a multiple of 16, and
+      // sometimes where it is not: then its rows in the pool are lane 0's and the 15 after it, and its copies are
+      // addressed as a contiguous cache's, without a shuffle and a 64-bit multiply each (a uniform branch: lane 0's
+      // row in its page decides for the warp).
+      const bool one_page =
+          kSlicesInPages && pages && __shfl_sync(kFullMask, held[0].offset, 0) + kWarpKeys <= page_size;
       const std::int64_t rows_here = pages ? row_held(held[0], base + (lane & (kWarpKeys - 1))) : 0;
 #pragma unroll
       for (int x = 0; x + 1 < kLookahead; ++x) held[x] = held[x + 1];
       held[kLookahead - 1] = read_ahead();
+      if (one_page) {
+        const std::int64_t slice_at = __shfl_sync(kFullMask, rows_here, 0) * stride;
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+          const int e = i * kWarpSize + lane, key = e / kChunksPerRow, c = e % kChunksPerRow;
+          const int j = base + key;
+          const std::int64_t at = j < last ? slice_at + (key * stride + c * kChunkElems) : 0;
+          const int to = swizzled_offset<D>(key, c);
+          cp_async_16(slice(tile % kRing, 0) + to, k_rows + at, j < last ? 16 : 0);
+          cp_async_16(slice(tile % kRing, 1) + to, v_rows + at, j < last ? 16 : 0);
+        }
+      } else
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const int e = i * kWarpSize + lane, key = e / kChunksPerRow, c = e % kChunksPerRow;
@@ -215,14 +246,14 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
         const std::int64_t row = pages ? __shfl_sync(kFullMask, rows_here, key) : row_of(j);
         const std::int64_t at = j < last ? row * stride + c * kChunkElems : 0;
         const int to = swizzled_offset<D>(key, c);
-        cp_async_16(slice(tile % kStages, 0) + to, k_rows + at, j < last ? 16 : 0);
-        cp_async_16(slice(tile % kStages, 1) + to, v_rows + at, j < last ? 16 : 0);
+        cp_async_16(slice(tile % kRing, 0) + to, k_rows + at, j < last ? 16 : 0);
+        cp_async_16(slice(tile % kRing, 1) + to, v_rows + at, j < last ? 16 : 0);
       }
     }
     cp_async_commit();
   };
 #pragma unroll
-  for (int x = 0; x < kStages - 1; ++x) start_tile(x);
+  for (int x = 0; x < kRing - 1; ++x) start_tile(x);
 
   // ldmatrix addresses as step 09's, within a 16-key slice: for K (B of S = Q K^T) lanes 0-7 address keys 0-7 at
   // chunk 2k, lanes 8-15 keys 0-7 at chunk 2k + 1, lanes 16-31 the same for keys 8-15; for V (B of P V, through
@@ -234,14 +265,14 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   const int v_lane_xor = (lane >> 4) ^ (lane & 7);
   // Every warp runs the same iterations (tiles is the block's), so the merge below has every warp.
   for (int tile = 0; tile < tiles; ++tile) {
-    // Tile tile + kStages - 1 set going, into the stage this warp finished reading in the last iteration; then wait
-    // until no more than kStages - 1 groups of this lane are in flight (tile `tile` of this lane has landed), and
+    // Tile tile + kRing - 1 set going, into the stage this warp finished reading in the last iteration; then wait
+    // until no more than kRing - 1 groups of this lane are in flight (tile `tile` of this lane has landed), and
     // for the warp's other lanes to have waited too: then every chunk of the warp's slice is there.
-    start_tile(tile + kStages - 1);
-    cp_async_wait<kStages - 1>();
+    start_tile(tile + kRing - 1);
+    cp_async_wait<kRing - 1>();
     __syncwarp();
-    const std::uint32_t K_lane = slice(tile % kStages, 0) + k_lane_row * kRowBytes;
-    const std::uint32_t V_lane = slice(tile % kStages, 1) + v_lane_row * kRowBytes;
+    const std::uint32_t K_lane = slice(tile % kRing, 0) + k_lane_row * kRowBytes;
+    const std::uint32_t V_lane = slice(tile % kRing, 1) + v_lane_row * kRowBytes;
 
     // S = Q K^T for the warp's 16 keys: two n8 tiles, one ldmatrix x4 a k-step, whose fragments feed every row
     // tile's mma: the keys are read from shared memory once for all the block's rows.
@@ -425,15 +456,17 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 template <class T, int D, bool kSoftcap>
 void launch_split(int tiles, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads, const kit::Cache& cache,
                   float* partial_o, float* partial_lse, int splits, int chunks, float scale_log2, const Model& model) {
-  const auto go = [&](auto kernel) {
-    kit::launch(kernel, grid, kThreads, kRingBytes<D>, stream, heads, cache, partial_o, partial_lse, splits, chunks,
+  const auto go = [&](auto kernel, int ring_bytes) {
+    kit::launch(kernel, grid, kThreads, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits, chunks,
                 scale_log2, model);
   };
   const bool paged = cache.page_table != nullptr;
+  constexpr int kOne = kRingBytes<D, kRingStages<D, 1>>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>>;
   if (tiles == 1)
-    paged ? go(split_kernel<T, D, 1, kSoftcap, true>) : go(split_kernel<T, D, 1, kSoftcap, false>);
+    paged ? go(split_kernel<T, D, 1, kSoftcap, true>, kOne) : go(split_kernel<T, D, 1, kSoftcap, false>, kOne);
   else
-    paged ? go(split_kernel<T, D, kMaxTiles, kSoftcap, true>) : go(split_kernel<T, D, kMaxTiles, kSoftcap, false>);
+    paged ? go(split_kernel<T, D, kMaxTiles, kSoftcap, true>, kTwo)
+          : go(split_kernel<T, D, kMaxTiles, kSoftcap, false>, kTwo);
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel over
@@ -444,7 +477,9 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
-    const int per_sm = p.page_size > 0 ? kPagedSplitBlocksPerSM<D> : kSplitBlocksPerSM;
+    const int per_sm = D == 128 && tiles == kMaxTiles ? kTwoTileBlocksPerSM
+                       : p.page_size > 0              ? kPagedSplitBlocksPerSM<D>
+                                                      : kSplitBlocksPerSM;
     const int slots = per_sm * kit::device_multiprocessors();
     const int splits = decode::splits_for(window_keys(p), std::int64_t(p.batch) * p.kv_heads * chunks, slots);
     float* partial_o = static_cast<float*>(t.workspace);

@@ -27,15 +27,15 @@
 // round, from 3.85 to 4.07 (B = 64, 2,048 keys) and 3.76 to 3.86 (B = 1, 131,072), the same at B = 8 (3.73, 3.72), and
 // with 8 new tokens from 2.75 to 3.06 (B = 8). The paged kernel is the one before.
 //
-// And two more changes, timed as variants (session 24, H200, f16, 32/8 heads, d = 128, medians of two rounds). A
-// paged kernel of one row tile copies a warp's 16-key slice that lies in one page as a contiguous cache's: one row
-// from the walk and the 15 after it (the splits' shares are multiples of 16 keys, so slices start where pages of 16
-// may); at d = 128 its loop went from 673 to 517 instructions (contiguous: 413), and with one new token pages of 16
-// from 0.87 to 0.97x the contiguous speed (B = 1, 131,072 keys: 3.35 to 3.74 TB/s; B = 8, 8,192: 3.26 to 3.61;
-// B = 64, 2,048: 3.37 to 3.86). And the kernel of two row tiles at d = 128 (several new tokens), whose 255 registers a
-// thread leave one warp a scheduler, gets a ring of 3 stages, so that two blocks share an SM: with 8 new tokens
-// 3.21 to 3.52 TB/s contiguous and 2.56 to 3.40 on pages of 16 (B = 1), 3.14 to 3.47 and 2.41 to 3.33 (B = 64),
-// 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
+// And two more changes, timed as variants of this step (session 24, H200, f16, 32/8 heads, d = 128, medians of two
+// rounds). A paged kernel of one row tile copies a warp's 16-key slice that lies in one page as a contiguous cache's:
+// one row from the walk and the 15 after it (the splits' shares are multiples of 16 keys, so slices start where pages
+// of 16 may). At d = 128 an iteration on that path runs 536 instructions where the loop ran 673 (contiguous: 413), and
+// with one new token pages of 16 went from 0.85-0.88x to 0.96-0.98x the contiguous speed (B = 1, 131,072 keys: 3.35 to
+// 3.74 TB/s; B = 8, 8,192: 3.26 to 3.61; B = 64, 2,048: 3.37 to 3.86). And the kernel of two row tiles at d = 128
+// (several new tokens), whose 255 registers a thread leave one warp a scheduler, gets a ring of 3 stages, so that two
+// blocks share an SM: with 8 new tokens 3.21 to 3.52 TB/s contiguous and 2.56 to 3.40 on pages of 16 (B = 1), 3.14 to
+// 3.47 and 2.41 to 3.33 (B = 64), 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
 //
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;

@@ -30,12 +30,13 @@
 // And two more changes, timed as variants of this step (session 24, H200, f16, 32/8 heads, d = 128, medians of two
 // rounds). A paged kernel of one row tile copies a warp's 16-key slice that lies in one page as a contiguous cache's:
 // one row from the walk and the 15 after it (the splits' shares are multiples of 16 keys, so slices start where pages
-// of 16 may). At d = 128 an iteration on that path runs 536 instructions where the loop ran 673 (contiguous: 413), and
-// with one new token pages of 16 went from 0.85-0.88x to 0.96-0.98x the contiguous speed (B = 1, 131,072 keys: 3.35 to
-// 3.74 TB/s; B = 8, 8,192: 3.26 to 3.61; B = 64, 2,048: 3.37 to 3.86). And the kernel of two row tiles at d = 128
-// (several new tokens), whose 255 registers a thread leave one warp a scheduler, gets a ring of 3 stages, so that two
-// blocks share an SM: with 8 new tokens 3.21 to 3.52 TB/s contiguous and 2.56 to 3.40 on pages of 16 (B = 1), 3.14 to
-// 3.47 and 2.41 to 3.33 (B = 64), 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
+// of 16 may). At d = 128 the loop less the path not taken is 536 instructions, where it was 673 (contiguous: 413;
+// cuobjdump, CUDA 13.0, counts that include the cold branch recording a bad table entry), and with one new token pages
+// of 16 went from 0.85-0.88x to 0.96-0.98x the contiguous speed (B = 1, 131,072 keys: 3.35 to 3.74 TB/s; B = 8, 8,192:
+// 3.26 to 3.61; B = 64, 2,048: 3.37 to 3.86); at d = 64 it is 393 against 415, and pages did not move there. And the
+// kernel of two row tiles at d = 128 (several new tokens), whose 255 registers a thread leave one warp a scheduler,
+// gets a ring of 3 stages, so that two blocks share an SM: with 8 new tokens 3.21 to 3.52 TB/s contiguous and 2.56 to
+// 3.40 on pages of 16 (B = 1), 3.14 to 3.47 and 2.41 to 3.33 (B = 64), 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
 //
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;

@@ -2,12 +2,13 @@
 /// @brief Attention and the matrix trace on the CPU in double precision: the ground truth.
 #include "reference.hpp"
 
+#include "fa/parallel.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace fa {
 
@@ -75,26 +76,6 @@ double row_scores(const AttentionProblem& p, const double* q, const double* k, i
 /// Head h's sink logit, or -inf (exp(-inf) = 0: no sink) when the problem has none.
 double sink_of(const AttentionProblem& p, const std::vector<double>* sinks, int h) {
   return p.sinks ? (*sinks)[std::size_t(h)] : -INFINITY;
-}
-
-/// Threads parallel_for uses for count items: one per core (at most 64), no more than items, at least 1.
-int workers_for(std::int64_t count) {
-  const std::int64_t cores = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 64u);
-  return int(std::max<std::int64_t>(1, std::min(count, cores)));
-}
-
-/// work(worker, index) for every index in [0, count), worker < workers_for(count), spread over the cores.
-/// Worker w takes indices w, w + workers, ...: interleaved, so causal rows of every length are shared out.
-template <class Work>
-void parallel_for(std::int64_t count, Work work) {
-  const int workers = workers_for(count);
-  auto run = [&](int worker) {
-    for (std::int64_t index = worker; index < count; index += workers) work(worker, index);
-  };
-  std::vector<std::thread> threads;
-  for (int w = 1; w < workers; ++w) threads.emplace_back(run, w);
-  run(0);
-  for (auto& t : threads) t.join();
 }
 
 /// Throws std::invalid_argument("<function>: <tensor> has N elements; <problem> needs M") on a mismatch.

@@ -2,6 +2,9 @@
 /// @brief Host tensors in any dtype, filled at random or from .npy files.
 #include "fa/host_tensor.hpp"
 
+#include "fa/parallel.hpp"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -45,7 +48,10 @@ void HostTensor::set(std::int64_t i, double value) {
 
 std::vector<double> HostTensor::to_double() const {
   std::vector<double> out(static_cast<std::size_t>(numel()));
-  for (std::int64_t i = 0; i < numel(); ++i) out[i] = get(i);
+  constexpr std::int64_t kChunk = std::int64_t(1) << 16;  // elements a worker converts at a time
+  parallel_for((numel() + kChunk - 1) / kChunk, [&](int, std::int64_t chunk) {
+    for (std::int64_t i = chunk * kChunk; i < std::min((chunk + 1) * kChunk, numel()); ++i) out[i] = get(i);
+  });
   return out;
 }
 
@@ -71,9 +77,11 @@ std::vector<std::int64_t> lse_shape(const AttentionProblem& p) {
 }
 
 namespace {
+constexpr std::uint64_t kSplitmixStep = 0x9E3779B97F4A7C15ull;  ///< splitmix64's increment of its state a draw
+
 /// splitmix64: tiny, fast, and identical everywhere (std distributions are not).
 std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  std::uint64_t z = (state += kSplitmixStep);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
@@ -83,11 +91,17 @@ std::uint64_t splitmix64(std::uint64_t& state) {
 HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed,
                          double lo, double hi) {
   HostTensor t(dtype, std::move(shape));
-  std::uint64_t state = seed;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const double unit = double(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-    t.set(i, lo + (hi - lo) * unit);
-  }
+  // splitmix64's state after i draws is seed + i x its increment, so element i is the same drawn in any order: the
+  // elements go out in chunks over the cores (a decode cache of 2^27 elements took about a second a tensor alone).
+  constexpr std::int64_t kChunk = std::int64_t(1) << 16;  // elements a worker draws at a time
+  parallel_for((t.numel() + kChunk - 1) / kChunk, [&](int, std::int64_t chunk) {
+    const std::int64_t begin = chunk * kChunk, end = std::min(begin + kChunk, t.numel());
+    std::uint64_t state = seed + std::uint64_t(begin) * kSplitmixStep;
+    for (std::int64_t i = begin; i < end; ++i) {
+      const double unit = double(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+      t.set(i, lo + (hi - lo) * unit);
+    }
+  });
   return t;
 }
 
@@ -122,13 +136,22 @@ void copy_pages(const AttentionProblem& p, const std::vector<int>& table, const 
     else std::memcpy(to.bytes.data() + logical, from.bytes.data() + physical, page_bytes);
   }
 }
+
+/// A tensor of `shape` whose every element is NaN: one element converted, its bytes repeated.
+HostTensor nan_tensor(DType dtype, std::vector<std::int64_t> shape) {
+  HostTensor t(dtype, std::move(shape));
+  if (t.numel() == 0) return t;
+  t.set(0, NAN);
+  const std::size_t size = size_of(dtype);
+  for (std::size_t at = size; at < t.bytes.size(); at += size) std::memcpy(t.bytes.data() + at, t.bytes.data(), size);
+  return t;
+}
 }  // namespace
 
 HostTensor to_pages(const AttentionProblem& p, const HostTensor& kv, const std::vector<int>& table) {
   if (kv.dtype != p.dtype || kv.shape != kv_shape(p))
     throw InvalidProblem("to_pages: K/V is not [batch, kv_len, kv_heads, head_dim] in the dtype of " + p.describe());
-  HostTensor pool(p.dtype, {p.pages, p.page_size, p.kv_heads, p.head_dim});
-  for (std::int64_t i = 0; i < pool.numel(); ++i) pool.set(i, NAN);
+  HostTensor pool = nan_tensor(p.dtype, {p.pages, p.page_size, p.kv_heads, p.head_dim});
   copy_pages(p, table, kv, pool, true);
   return pool;
 }
@@ -137,8 +160,7 @@ HostTensor from_pages(const AttentionProblem& p, const HostTensor& pool, const s
   if (pool.dtype != p.dtype || pool.shape != std::vector<std::int64_t>{p.pages, p.page_size, p.kv_heads, p.head_dim})
     throw InvalidProblem("from_pages: the pool is not [pages, page_size, kv_heads, head_dim] in the dtype of " +
                          p.describe());
-  HostTensor kv(p.dtype, kv_shape(p));
-  for (std::int64_t i = 0; i < kv.numel(); ++i) kv.set(i, NAN);  // the pages past each length: never read
+  HostTensor kv = nan_tensor(p.dtype, kv_shape(p));  // the pages past each length: never read
   copy_pages(p, table, pool, kv, false);
   return kv;
 }

@@ -14,10 +14,15 @@
 #   python3 tools/tables.py roofline --csv $OUT/roofline.csv
 # With several new tokens each configuration is timed without the mask and with the bottom-right causal mask.
 # FA_ROOFLINE_STEPS: decode steps (default 46); FA_ROOFLINE_CACHES: B,Nkv pairs (default below: 1 to 64 sequences,
-# 2,048 to 131,072 keys, at most 2^18 keys in all: fa-bench draws each configuration's inputs on the host);
+# 2,048 to 131,072 keys, at most 2^18 keys in all: fa-bench draws each configuration's inputs on the host), or
+# B,Nkv,Hq,Hkv,d for a cache with heads of its own (issue 57's four: "8,8192 1,131072 64,2048 8,8192,16,16,64");
 # FA_ROOFLINE_TOKENS: new tokens (default 1 2 4 8);
 # FA_ROOFLINE_PAGES: page sizes, 0 for a contiguous cache (default 0 16 64 256); FA_ROOFLINE_HEADS: Hq,Hkv,d
-# (default 32,8,128); FA_ROOFLINE_DTYPES (default f16).
+# (default 32,8,128), for the caches that name none; FA_ROOFLINE_DTYPES (default f16; f16,bf16 for both).
+# The peers: cuDNN and FlashAttention-2 through SDPA on the contiguous caches; FlashAttention-4 on every cache where
+# FA_PEER_SITE is set, its compiled kernels kept on disk (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR, default /tmp/fa4-cache)
+# and compiled before round 1 by one process a page size at once (FA4 compiles each kind of call once, seconds each:
+# without that, round 1's FA4 rows would wait on the compiler and each later process would compile again).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -34,13 +39,32 @@ rm -rf "$work"; mkdir -p "$work"
 
 shapes=""
 for cache in "${caches[@]}"; do
-  for n in "${tokens[@]}"; do shapes+="${cache%%,*},$n,${cache##*,},$q_heads,$kv_heads,$head_dim "; done
+  IFS=, read -r b kv hq hkv d extra <<< "$cache"
+  if [ -z "$b" ] || [ -z "$kv" ] || [ -n "$extra" ] || { [ -n "$hq" ] && [ -z "$d" ]; }; then
+    echo "FA_ROOFLINE_CACHES: '$cache' is neither B,Nkv nor B,Nkv,Hq,Hkv,d"; exit 2
+  fi
+  for n in "${tokens[@]}"; do shapes+="$b,$n,$kv,${hq:-$q_heads},${hkv:-$kv_heads},${d:-$head_dim} "; done
 done
-backends=cudnn
-if [ -n "${FA_PEER_SITE:-}" ]; then backends=cudnn,fa4; else echo "FlashAttention-4 not timed: FA_PEER_SITE is not set"; fi
+backends=cudnn,flash
+if [ -n "${FA_PEER_SITE:-}" ]; then
+  backends=cudnn,flash,fa4
+  export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-/tmp/fa4-cache}
+else
+  echo "FlashAttention-4 not timed: FA_PEER_SITE is not set"
+fi
 
 status=0
 python3 bench/ceilings.py --csv "$OUT/roofline-ceilings.csv" > "$OUT/roofline-ceilings.txt" 2>&1 || { status=1; tail -3 "$OUT/roofline-ceilings.txt"; }
+if [ "$backends" != "${backends%fa4}" ]; then  # FA4's compiles, one process a page size; their rows are not kept
+  start=$(date +%s)
+  for page in "${pages[@]}"; do
+    paging=(); [ "$page" = 0 ] || paging=(--page-size "$page")
+    python3 bench/sdpa_peers.py --pass decode --shape "$shapes" --dtypes "$dtypes" --causal no,yes --backends fa4 \
+      "${paging[@]}" --csv "$work/compile-$page.csv" > "$work/compile-$page.txt" 2>&1 &
+  done
+  wait; rm -f "$work"/compile-*.csv
+  echo "== FlashAttention-4 compiled in $(( $(date +%s) - start )) s"
+fi
 for round in $(seq 1 "$rounds"); do
   for page in "${pages[@]}"; do
     paging=(); [ "$page" = 0 ] || paging=(--page-size "$page")
@@ -49,8 +73,8 @@ for round in $(seq 1 "$rounds"); do
       "${paging[@]}" --csv "$work/steps-$round-$page.csv" > "$work/steps-$round-$page.txt" 2>&1 ||
       { status=1; tail -3 "$work/steps-$round-$page.txt"; }
     echo "== round $round: peers, pages of ${page/#0/no}"
-    peers=$backends; [ "$page" = 0 ] || peers=${backends/cudnn,/}
-    [ "$page" = 0 ] || [ "$peers" != cudnn ] || continue  # SDPA takes no paged cache
+    peers=$backends; [ "$page" = 0 ] || peers=${backends/cudnn,flash/}; peers=${peers#,}
+    [ -n "$peers" ] || continue  # SDPA takes no paged cache
     python3 bench/sdpa_peers.py --pass decode --shape "$shapes" --dtypes "$dtypes" --causal no,yes \
       --backends "$peers" "${paging[@]}" --csv "$work/peers-$round-$page.csv" > "$work/peers-$round-$page.txt" 2>&1 ||
       { status=1; tail -3 "$work/peers-$round-$page.txt"; }

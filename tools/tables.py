@@ -17,6 +17,8 @@ checked against the recorded CSV (docs/results/) at any time:
                                                # the decode steps' TB/s against SDPA's flash and cuDNN
     python3 tools/tables.py pages --csv docs/results/ablations/X.csv [--steps 45]
                                                # a paged cache (fa-bench --page-size N) against the contiguous one
+    python3 tools/tables.py decode-bars --csv out/roofline.csv [--steps 47,48]
+                                               # issue 57's bars (ceiling, pages, new tokens) from one roofline run
     python3 tools/tables.py parts --csv docs/results/X-course.csv [Y-course.csv] [--part hopper] [--dtype f32]
                                                # the top README's tables, one a part of the course, from the
                                                # one recorded run (bench/course_run.sh) of each GPU, side by side
@@ -474,6 +476,77 @@ def roofline(rows, steps=()) -> str:
     return "\n".join(lines)
 
 
+def decode_bars(rows, steps=()) -> str:
+    """Issue 57's done-when read from one decode roofline CSV (bench/decode_roofline.sh, medians over its rounds), per
+    shape and dtype, for the step fastest on the contiguous cache with one new token (of `steps`, default every step
+    in the rows): its bandwidth against 95 % of the run's read ceiling (or 0.98x cuDNN where cuDNN reads above the
+    ceiling); each page size's against its own contiguous bandwidth (>= 0.95x); at the GQA shapes, 4 and 8 new tokens
+    (no mask and bottom-right) against one, contiguous and on each page size (>= 0.9x). A bar without its rows in the
+    CSV is listed as not measured, never as met."""
+    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
+    ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
+    read = _median(ceiling) if ceiling else None
+    steps = list(steps) or sorted({_label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
+
+    def page_size(suite):
+        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
+
+    tbps: dict = {}
+    for r in picked:
+        key = (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])
+        tbps.setdefault((key, r["q_len"], r["causal"], _label(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
+    med = {k: _median(v) for k, v in tbps.items()}
+    pages = sorted({k[4] for k in med if k[4] > 0})
+    lines = ["| bar | B, kv_len, heads, d | dtype | step | measured | bar | met |", "|---|---|---|---|---:|---:|---|"]
+    met = total = 0
+
+    def bar(name, shape, dtype, step, value, need, text):
+        nonlocal met, total
+        total += 1
+        ok = value is not None and need is not None and value >= need
+        met += ok
+        b, n, hq, hkv, d = shape
+        lines.append(f"| {name} | {b}, {n}, {hq}/{hkv}, {d} | {dtype} | {step} | {text} | "
+                     f"{_fmt(need) if need is not None else '–'} | {'yes' if ok else 'no' if value is not None else 'not measured'} |")
+
+    for key in sorted({k[0] for k in med}):
+        shape, dtype = key[:5], key[5]
+        ours = [(med[(key, 1, 0, s, 0)], s) for s in steps if (key, 1, 0, s, 0) in med]
+        if not ours:
+            continue
+        best, step = max(ours)
+        cudnn = med.get((key, 1, 0, "sdpa-cudnn", 0))
+        # Contiguous: 95 % of the ceiling, or 0.98x cuDNN where cuDNN reads above the ceiling.
+        if read and cudnn and cudnn > read:
+            bar("contiguous / read ceiling", shape, dtype, step, best / read, 0.95,
+                f"{_fmt(best)} TB/s = {_fmt(best / read)}x of {_fmt(read)}; {_fmt(best / cudnn)}x cuDNN (above the ceiling)")
+            if best / read < 0.95:  # the alternative bar, where cuDNN is above the ceiling
+                lines.pop(); total -= 1
+                bar("contiguous / cuDNN", shape, dtype, step, best / cudnn, 0.98,
+                    f"{_fmt(best)} TB/s = {_fmt(best / cudnn)}x cuDNN's {_fmt(cudnn)} (above the ceiling {_fmt(read)})")
+        else:
+            bar("contiguous / read ceiling", shape, dtype, step, best / read if read else None, 0.95,
+                f"{_fmt(best)} TB/s = {_fmt(best / read) if read else '–'}x of {_fmt(read)}")
+        for ps in pages:
+            paged = med.get((key, 1, 0, step, ps))
+            bar(f"pages of {ps} / contiguous", shape, dtype, step, paged / best if paged else None, 0.95,
+                f"{_fmt(paged)} / {_fmt(best)} = {_fmt(paged / best) if paged else '–'}x")
+        if shape[2] == shape[3]:
+            continue  # several new tokens: the GQA shapes
+        for q_len in sorted({k[1] for k in med if k[0] == key and k[1] > 1}):
+            for ps in [0] + pages:
+                one = med.get((key, 1, 0, step, ps))
+                for causal in (0, 1):
+                    many = med.get((key, q_len, causal, step, ps))
+                    where = f"{'contiguous' if ps == 0 else f'pages of {ps}'}, {'bottom-right' if causal else 'no mask'}"
+                    bar(f"{q_len} new tokens / one ({where})", shape, dtype, step,
+                        many / one if many and one else None, 0.9,
+                        f"{_fmt(many)} / {_fmt(one)} = {_fmt(many / one) if many and one else '–'}x")
+    lines.append(f"\n{met} of {total} bars met (medians of the rounds; read ceiling "
+                 + (f"{_fmt(read)} TB/s, same run" if read else "not in the rows") + ").")
+    return "\n".join(lines)
+
+
 #: Where each part of the course is timed (bench/course_run.sh records them all in one run): its pass, then its
 #: columns, (title, (B, Nq, Nkv, Hq, Hkv, d)); the first is the shape where the part's lessons act, the others
 #: are beside it (the other head_dim; the backward's CUDA-core steps at the teaching shape). The parts and
@@ -676,7 +749,7 @@ def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages", "roofline", "features", "parts", "context"])
+                                          "pages", "roofline", "decode-bars", "features", "parts", "context"])
     parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
                         "CUDA-core steps' chain)")
     parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
@@ -726,6 +799,9 @@ def main(argv=None) -> int:
         return 0
     if args.table == "roofline":
         print(roofline(plots.load(paths), steps))
+        return 0
+    if args.table == "decode-bars":
+        print(decode_bars(plots.load(paths), steps))
         return 0
     if args.table == "features":
         print(features(plots.load(paths), steps, args.pass_))

@@ -100,4 +100,47 @@ with tempfile.TemporaryDirectory() as folder:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert abs(float(cells[7]) - value) < 0.01 and cells[-3] == steps[0], (steps, cells, value)
     assert "46-bps2" in tables.roofline(rows), tables.roofline(rows)
-print("decode roofline: plan, merge and table as expected")
+
+# Issue 57's bars from one run (tables.py decode-bars): at a GQA cache, 1 and 4 new tokens, contiguous and pages of
+# 16, and cuDNN; the fastest step at one token is the one read; a configuration missing from the rows is "not
+# measured", never met; where cuDNN reads above the ceiling the contiguous bar is 0.98x cuDNN instead.
+def gqa_row(step, ms, suite, q_len, causal, page=0):
+    s = (8, q_len, 8192, 32, 8, 128)
+    return sdpa_peers.peer_row(step, "f16", s, causal, suite + (f"-pages{page}" if page else ""), "GPU", ms, ms, ms,
+                               15, 0, 1e-3, 1e-3, "decode")
+
+
+def bars(entries, ceiling_gbps):
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "bars.csv")
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(plots.COLUMNS)
+            w.writerow(ceilings.row("hbm-read", "GPU", 1.0, 1.0, 1.0, 15, gbps=str(ceiling_gbps)))
+            for suite in ("round1", "round2"):
+                for e in entries:
+                    w.writerow(gqa_row(e[0], e[1], suite, *e[2:]))
+        return tables.decode_bars(plots.load([path]))
+
+
+one_ms = kv_bytes / 4.0e12 * 1e3  # ms of 4 TB/s over the cache's K and V (kv_bytes above: B = 8, 8192 keys)
+entries = [("48", one_ms, 1, False), ("47", one_ms * 1.1, 1, False),       # 48 the fastest: 4 TB/s
+           ("48", one_ms / 0.96, 1, False, 16),                             # pages of 16: 0.96x
+           ("48", one_ms / 0.85, 4, False), ("48", one_ms / 0.95, 4, True),  # 4 tokens: 0.85x, 0.95x
+           ("48", one_ms / 0.875, 4, False, 16),  # paged, no mask: 3.5 TB/s, 0.91x paged one (0.875x contiguous)
+           ("sdpa-cudnn", one_ms, 1, False)]
+table = bars(entries, 4100)  # 4 TB/s is 0.976x of 4.1: met
+got = {tuple(c.strip() for c in l.strip("|").split("|"))[0]: l for l in table.splitlines() if l.startswith("| ")}
+assert "| 48 | 4 TB/s = 0.976x of 4.1 | 0.95 | yes |" in got["contiguous / read ceiling"], table
+assert got["pages of 16 / contiguous"].endswith("| 0.95 | yes |"), table
+assert got["4 new tokens / one (contiguous, no mask)"].endswith("| 0.9 | no |"), table
+assert got["4 new tokens / one (contiguous, bottom-right)"].endswith("| 0.9 | yes |"), table
+assert got["4 new tokens / one (pages of 16, no mask)"].endswith("| 0.9 | yes |"), table  # against paged one
+assert got["4 new tokens / one (pages of 16, bottom-right)"].endswith("| not measured |"), table
+assert "4 of 6 bars met" in table, table
+table = bars(entries, 4300)  # 4 TB/s is 0.93x of 4.3, and cuDNN (4 TB/s) is not above the ceiling: not met
+assert "0.93x of 4.3 | 0.95 | no |" in table, table
+cudnn_fast = entries[:-1] + [("sdpa-cudnn", one_ms / 1.1, 1, False)]  # cuDNN 4.4 TB/s, above a ceiling of 4.3
+table = bars(cudnn_fast, 4300)
+assert "| contiguous / cuDNN |" in table and "0.909x cuDNN" in table and "| 0.98 | no |" in table, table
+print("decode roofline: plan, merge, table and issue 57's bars as expected")

@@ -15,7 +15,8 @@
 # With several new tokens each configuration is timed without the mask and with the bottom-right causal mask.
 # FA_ROOFLINE_STEPS: decode steps (default 46); FA_ROOFLINE_CACHES: B,Nkv pairs (default below: 1 to 64 sequences,
 # 2,048 to 131,072 keys, at most 2^18 keys in all: fa-bench draws each configuration's inputs on the host), or
-# B,Nkv,Hq,Hkv,d for a cache with heads of its own (issue 57's four: "8,8192 1,131072 64,2048 8,8192,16,16,64");
+# B,Nkv,Hq,Hkv,d for a cache with heads of its own, either with :T1/T2/... for new tokens of its own (issue 57's
+# four: "8,8192 1,131072 64,2048 8,8192,16,16,64:1");
 # FA_ROOFLINE_TOKENS: new tokens (default 1 2 4 8);
 # FA_ROOFLINE_PAGES: page sizes, 0 for a contiguous cache (default 0 16 64 256); FA_ROOFLINE_HEADS: Hq,Hkv,d
 # (default 32,8,128), for the caches that name none; FA_ROOFLINE_DTYPES (default f16; f16,bf16 for both).
@@ -23,6 +24,8 @@
 # FA_PEER_SITE is set, its compiled kernels kept on disk (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR, default /tmp/fa4-cache)
 # and compiled before round 1 by one process a page size at once (FA4 compiles each kind of call once, seconds each:
 # without that, round 1's FA4 rows would wait on the compiler and each later process would compile again).
+# FA_ROOFLINE_GPUS="0 1": the caches dealt out over those GPUs in turn, each GPU's share a run of its own (its read
+# ceiling, its alternating rounds) at the same time, their rows then one CSV ($OUT/gpu<N>/ keeps each share's files).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -34,17 +37,45 @@ read -r -a pages <<< "${FA_ROOFLINE_PAGES:-0 16 64 256}"
 IFS=, read -r q_heads kv_heads head_dim <<< "${FA_ROOFLINE_HEADS:-32,8,128}"
 dtypes=${FA_ROOFLINE_DTYPES:-f16}
 work=$OUT/roofline
-rm -rf "$work"; mkdir -p "$work"
 [ -x build/bench/fa-bench ] || { echo "build/bench/fa-bench is missing: build this tree first"; exit 1; }
 
 shapes=""
 for cache in "${caches[@]}"; do
-  IFS=, read -r b kv hq hkv d extra <<< "$cache"
-  if [ -z "$b" ] || [ -z "$kv" ] || [ -n "$extra" ] || { [ -n "$hq" ] && [ -z "$d" ]; }; then
-    echo "FA_ROOFLINE_CACHES: '$cache' is neither B,Nkv nor B,Nkv,Hq,Hkv,d"; exit 2
+  own_tokens=""; [ "${cache#*:}" = "$cache" ] || own_tokens=${cache#*:}
+  IFS=, read -r b kv hq hkv d extra <<< "${cache%%:*}"
+  if [ -z "$b" ] || [ -z "$kv" ] || [ -n "$extra" ] || { [ -n "$hq" ] && [ -z "$d" ]; } ||
+     [[ ! "$b$kv$hq$hkv$d" =~ ^[0-9]+$ ]] || [[ -n "$own_tokens" && ! "$own_tokens" =~ ^[0-9]+(/[0-9]+)*$ ]]; then
+    echo "FA_ROOFLINE_CACHES: '$cache' is neither B,Nkv nor B,Nkv,Hq,Hkv,d, with :T1/T2/... or without"; exit 2
   fi
-  for n in "${tokens[@]}"; do shapes+="$b,$n,$kv,${hq:-$q_heads},${hkv:-$kv_heads},${d:-$head_dim} "; done
+  read -r -a these <<< "${own_tokens:+${own_tokens//\// }}"; [ -n "$own_tokens" ] || these=("${tokens[@]}")
+  for n in "${these[@]}"; do shapes+="$b,$n,$kv,${hq:-$q_heads},${hkv:-$kv_heads},${d:-$head_dim} "; done
 done
+
+if [ -n "${FA_ROOFLINE_GPUS:-}" ]; then  # each GPU a share of the caches, in turn; this script again on each
+  read -r -a gpus <<< "$FA_ROOFLINE_GPUS"
+  share=()
+  for i in "${!caches[@]}"; do share[i % ${#gpus[@]}]+="${caches[i]} "; done
+  status=0; pids=()
+  for i in "${!gpus[@]}"; do
+    [ -n "${share[i]:-}" ] || continue
+    CUDA_VISIBLE_DEVICES=${gpus[i]} OUT=$OUT/gpu${gpus[i]} FA_ROOFLINE_CACHES="${share[i]}" FA_ROOFLINE_GPUS= \
+      bash "$0" "$rounds" > "$OUT/gpu${gpus[i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  # One CSV: every share's ceilings first, then every share's rows (the header once).
+  first=1
+  for f in "$OUT"/gpu*/roofline.csv; do
+    [ -f "$f" ] || { status=1; continue; }
+    if [ $first = 1 ]; then head -1 "$f"; first=0; fi
+    grep ',ceiling,' "$f"
+  done > "$OUT/roofline.csv"
+  for f in "$OUT"/gpu*/roofline.csv; do [ -f "$f" ] && tail -n +2 "$f" | grep -v ',ceiling,'; done >> "$OUT/roofline.csv"
+  for i in "${!gpus[@]}"; do echo "GPU ${gpus[i]}: ${share[i]:-nothing}"; tail -1 "$OUT/gpu${gpus[i]}.log" 2> /dev/null; done
+  echo "$(($(wc -l < "$OUT/roofline.csv") - 1)) rows in $OUT/roofline.csv"
+  exit $status
+fi
+rm -rf "$work"; mkdir -p "$work"
 backends=cudnn,flash
 if [ -n "${FA_PEER_SITE:-}" ]; then
   backends=cudnn,flash,fa4

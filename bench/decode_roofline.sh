@@ -15,8 +15,8 @@
 # With several new tokens each configuration is timed without the mask and with the bottom-right causal mask.
 # FA_ROOFLINE_STEPS: decode steps (default 46); FA_ROOFLINE_CACHES: B,Nkv pairs (default below: 1 to 64 sequences,
 # 2,048 to 131,072 keys, at most 2^18 keys in all: fa-bench draws each configuration's inputs on the host), or
-# B,Nkv,Hq,Hkv,d for a cache with heads of its own, either with :T1/T2/... for new tokens of its own (issue 57's
-# four: "8,8192 1,131072 64,2048 8,8192,16,16,64:1");
+# B,Nkv,Hq,Hkv,d for a cache with heads of its own; either form may end in :T1/T2/... for new tokens of its own
+# (issue 57's four: "8,8192 1,131072 64,2048 8,8192,16,16,64:1");
 # FA_ROOFLINE_TOKENS: new tokens (default 1 2 4 8);
 # FA_ROOFLINE_PAGES: page sizes, 0 for a contiguous cache (default 0 16 64 256); FA_ROOFLINE_HEADS: Hq,Hkv,d
 # (default 32,8,128), for the caches that name none; FA_ROOFLINE_DTYPES (default f16; f16,bf16 for both).

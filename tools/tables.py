@@ -392,6 +392,19 @@ def decode(rows, steps=(), suite=None) -> str:
     return "\n".join(lines)
 
 
+def _page_size(suite: str) -> int:
+    """The page size a decode row's suite names (decode-pages<N>, round<k>-pages<N>); 0 for a contiguous cache."""
+    return int(suite.split("-pages")[1]) if "-pages" in suite else 0
+
+
+def _decode_rounds(rows):
+    """The decode rows of alternating rounds (suites round<k>, round<k>-pages<N>: bench/decode_roofline.sh) and the
+    median of the run's HBM read ceilings in TB/s (rows hbm-read, pass ceiling; None without them)."""
+    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
+    ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
+    return picked, (_median(ceiling) if ceiling else None)
+
+
 def pages(rows, steps=()) -> str:
     """The paged cache against the contiguous one: per step, variant (the step as it is first, then each ablation's)
     and shape (B, kv_len, heads, d, dtype), a decode step's TB/s over the contiguous cache (suite `decode`) and over each
@@ -400,15 +413,12 @@ def pages(rows, steps=()) -> str:
     picked = [r for r in plots.select(rows, **{"pass": "decode"})
               if r["suite"].startswith(("decode", "round")) and (not steps or r["step"] in steps)]
 
-    def page_size(suite):
-        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
-
     def config(r):
         return (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])
 
     tbps: dict = {}
     for r in picked:
-        tbps.setdefault(((r["step"], r["variant"]), config(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
+        tbps.setdefault(((r["step"], r["variant"]), config(r), _page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}
     sizes = sorted({k[2] for k in med})
     head = ["step", "variant", "B", "kv_len", "heads", "d", "dtype"] + [f"pages {ps}" if ps else "contiguous" for ps in sizes]
@@ -433,15 +443,10 @@ def roofline(rows, steps=()) -> str:
     every page size, medians over the rounds (suites round<k> and round<k>-pages<N>); then the fastest step's
     contiguous bandwidth over the HBM read ceiling measured in the same run (the row hbm-read, pass ceiling), and its
     smallest page's over its contiguous cache's."""
-    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
-    ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
-    read = _median(ceiling) if ceiling else None
+    picked, read = _decode_rounds(rows)
     # A step's column is its label: an ablation's variant ("48-bps2") is a column of its own, never in the step's median.
     steps = list(steps) or sorted({_label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
     peers = [p for p in PEER_COLUMN if any(r["step"] == p for r in picked)]
-
-    def page_size(suite):
-        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
 
     def config(r):
         return (r["batch"], r["kv_len"], r["q_len"], r["causal"], r["q_heads"], r["kv_heads"], r["head_dim"],
@@ -451,7 +456,7 @@ def roofline(rows, steps=()) -> str:
     for r in picked:
         name = _label(r)
         if name in steps or name in peers:
-            tbps.setdefault((config(r), name, page_size(r["suite"])), []).append(r["gbps"] / 1000)
+            tbps.setdefault((config(r), name, _page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}
     columns = [(name, ps) for name in steps + peers for ps in sorted({k[2] for k in med if k[1] == name})]
     head = (["B", "kv_len", "new tokens", "mask", "heads", "d", "dtype"]
@@ -483,18 +488,13 @@ def decode_bars(rows, steps=()) -> str:
     ceiling); each page size's against its own contiguous bandwidth (>= 0.95x); at the GQA shapes, 4 and 8 new tokens
     (no mask and bottom-right) against one, contiguous and on each page size (>= 0.9x). A bar without its rows in the
     CSV is listed as not measured, never as met."""
-    picked = [r for r in plots.select(rows, **{"pass": "decode"}) if r["suite"].startswith("round")]
-    ceiling = [r["gbps"] / 1000 for r in plots.select(rows, step="hbm-read", **{"pass": "ceiling"})]
-    read = _median(ceiling) if ceiling else None
+    picked, read = _decode_rounds(rows)
     steps = list(steps) or sorted({_label(r) for r in picked if not plots.is_peer(r)}, key=plots.order_key)
-
-    def page_size(suite):
-        return int(suite.split("-pages")[1]) if "-pages" in suite else 0
 
     tbps: dict = {}
     for r in picked:
         key = (r["batch"], r["kv_len"], r["q_heads"], r["kv_heads"], r["head_dim"], r["dtype"])
-        tbps.setdefault((key, r["q_len"], r["causal"], _label(r), page_size(r["suite"])), []).append(r["gbps"] / 1000)
+        tbps.setdefault((key, r["q_len"], r["causal"], _label(r), _page_size(r["suite"])), []).append(r["gbps"] / 1000)
     med = {k: _median(v) for k, v in tbps.items()}
     pages = sorted({k[4] for k in med if k[4] > 0})
     lines = ["| bar | B, kv_len, heads, d | dtype | step | measured | bar | met |", "|---|---|---|---|---:|---:|---|"]

@@ -53,6 +53,10 @@ done
 
 if [ -n "${FA_ROOFLINE_GPUS:-}" ]; then  # each GPU a share of the caches, in turn; this script again on each
   read -r -a gpus <<< "$FA_ROOFLINE_GPUS"
+  for g in "${gpus[@]}"; do
+    [[ "$g" =~ ^[0-9]+$ ]] ||
+      { echo "FA_ROOFLINE_GPUS: '$g' is not a GPU's index (0, 1, ... as CUDA_VISIBLE_DEVICES takes them)"; exit 2; }
+  done
   share=()
   for i in "${!caches[@]}"; do share[i % ${#gpus[@]}]+="${caches[i]} "; done
   status=0; pids=()

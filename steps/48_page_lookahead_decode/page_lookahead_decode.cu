@@ -38,6 +38,16 @@
 // gets a ring of 3 stages, so that two blocks share an SM: with 8 new tokens 3.21 to 3.52 TB/s contiguous and 2.56 to
 // 3.40 on pages of 16 (B = 1), 3.14 to 3.47 and 2.41 to 3.33 (B = 64), 3.04 to 2.96 and 2.42 to 2.84 (B = 8).
 //
+// And at d = 64 a wide block: kWideWarps = 8 warps, tiles of 128 keys, a ring of 128 KiB. Nsight Compute on the H200
+// (session 25, B = 8, 16/16 heads, 8,192 keys, one new token) timed the paged split kernel at 68.8 us against the
+// contiguous one's 74.6 (base clocks): read two 4-warp blocks an SM at a time, pages cost no time per byte; the paged
+// call's second split and its combine did. A wide block keeps the same bytes in flight with one block an SM and one
+// split. Timed as a variant (f16, medians of two rounds): pages of 16 from 3.70 to 3.84 TB/s and of 64 from 3.60 to
+// 3.87 at B = 8, against a contiguous read from 4.07 to 4.01; at B = 1 (131,072 keys) 3.35 to 3.58 contiguous and 3.15
+// to 3.46 on pages of 16; at B = 64 (2,048 keys) 3.84 to 4.05 contiguous, but 3.99 to 3.77 on pages of 16. So the
+// launcher takes it for every contiguous cache at d = 64 and for a paged one whose (sequence, KV head, chunk) units
+// fit the SMs one each; many short paged sequences keep two 4-warp blocks an SM.
+//
 // The rest is step 47's: up to two row tiles a block sharing each K and V fragment, the warps' 16-key slices of each
 // 64-key tile copied with cp.async into a 4-stage ring, swizzled, read back with ldmatrix; the merge of the warps;
 // the split rule and the combine; step 45's cache forms.
@@ -50,6 +60,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace fa::step48 {
 namespace {
@@ -70,10 +81,10 @@ struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<
 
 constexpr int kWarps = 4;                       ///< warps of a split block
 constexpr int kThreads = kWarps * kWarpSize;    ///< 128 threads
+constexpr int kWideWarps = 8;                   ///< warps of d = 64's wide block: 128-key tiles, one an SM
 constexpr int kTileRows = kRowsPerWarp;         ///< rows of a row tile: the M of one mma, 16 (query head, new token) pairs
 constexpr int kMaxTiles = 2;                    ///< row tiles a block may hold: its rows, up to 32
 constexpr int kWarpKeys = 16;                   ///< a warp's keys in a tile: one k-step of P V
-constexpr int kTileKeys = kWarps * kWarpKeys;   ///< keys of a tile, 64
 constexpr int kStages = 4;                      ///< tiles of the ring: kStages - 1 on the way while one is used
 constexpr int kLookahead = 2;                   ///< tiles between a page-table read and the copies that use it
 constexpr int kSplitBlocksPerSM = 1;            ///< split blocks the split rule counts on an SM (step 44's choice)
@@ -82,8 +93,8 @@ template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
-/// The ring: per stage, per warp, its slice of K then its slice of V.
-template <int D, int kRing> constexpr int kRingBytes = kRing * kWarps * 2 * kSliceBytes<D>;
+/// The ring: per stage, per warp (kW of them), its slice of K then its slice of V.
+template <int D, int kRing, int kW> constexpr int kRingBytes = kRing * kW * 2 * kSliceBytes<D>;
 /// Stages of a kernel's ring: kStages, but 3 for two row tiles at d = 128, whose 255 registers a thread leave its
 /// SM one warp a scheduler: 3 x 32 KiB lets two blocks share the SM (the split rule counts two), and each warp's
 /// waits are covered by the other block's.
@@ -95,12 +106,12 @@ constexpr int kTwoTileBlocksPerSM = 2;
 /// of chunk `chunk` of KV head kv_h's group: row r is pair x = chunk x kRows + r of the group's (query head, new
 /// token) pairs, row tile r / 16 of the block, query
 /// head kv_h x group + x / q_len and new token x % q_len; rows past the pairs are zeros. Warp w takes keys
-/// first + 64 t + 16 w .. + 15 of tile t. Writes, per row, the slice's O (divided by its own sum) and its
-/// log-sum-exp in log2 units into the workspace; a row that sees none of the slice's keys gets O = 0 and -inf. With
-/// one split (gridDim.x = 1) it writes O and LSE instead.
+/// first + 16 kW t + 16 w .. + 15 of tile t (kW warps: kWarps, or kWideWarps at d = 64). Writes, per row, the
+/// slice's O (divided by its own sum) and its log-sum-exp in log2 units into the workspace; a row that sees none of
+/// the slice's keys gets O = 0 and -inf. With one split (gridDim.x = 1) it writes O and LSE instead.
 /// kPaged: a paged cache's kernel, with the page walk; without it, a contiguous cache's.
-template <class T, int D, int kTiles, bool kPaged>
-__global__ void __launch_bounds__(kThreads)
+template <class T, int D, int kTiles, bool kPaged, int kW>
+__global__ void __launch_bounds__(kW * kWarpSize)
 split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
              int splits, int chunks, float scale_log2) {
   constexpr int kRows = kTiles * kTileRows;         // a block's rows
@@ -110,6 +121,8 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   constexpr int kCopies = kWarpKeys * kChunksPerRow / kWarpSize;  // chunks of K (and of V) a lane copies a tile
   constexpr int kRowBytes = D * 2;
   constexpr int kRing = kRingStages<D, kTiles>;     // stages of this kernel's ring
+  constexpr int kTileKeys = kW * kWarpKeys;         // keys of a tile: 64, or 128 in a wide block
+  constexpr int kBlockThreads = kW * kWarpSize;     // the block's threads
   // A paged kernel of one row tile copies a slice that lies in one page as a contiguous cache's (see start_tile).
   // (With two row tiles its registers would spill.)
   constexpr bool kSlicesInPages = kPaged && kTiles == 1;
@@ -204,7 +217,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   // This warp's slice of K (kv = 0) or V (kv = 1) in stage `stage` of the ring.
   extern __shared__ __align__(128) unsigned char ring[];
   auto slice = [&](int stage, int kv) {
-    return shared_address(ring + ((stage * kWarps + warp) * 2 + kv) * kSliceBytes<D>);
+    return shared_address(ring + ((stage * kW + warp) * 2 + kv) * kSliceBytes<D>);
   };
   const int tiles = kit::ceil_div(last - first, kTileKeys);
   // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kRing, as one commit group of each
@@ -345,11 +358,11 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
   cp_async_wait<0>();  // the empty groups past the last tile
 
-  // The 4 warps merge, row by row, through shared memory (the ring, now idle): M = max m_w, L = sum l_w 2^(m_w - M),
+  // The kW warps merge, row by row, through shared memory (the ring, now idle): M = max m_w, L = sum l_w 2^(m_w - M),
   // O = sum O_w 2^(m_w - M) / L. With one split that is the answer: O in the tensor's type and LSE (natural log),
   // and no combine runs. Else workspace row (split, b, token, head): [splits][batch][q_len][q_heads].
-  __shared__ float sm_m[kWarps][kRows], sm_l[kWarps][kRows];
-  float* sm_o = reinterpret_cast<float*>(ring);  // [kWarps][kRows][D]
+  __shared__ float sm_m[kW][kRows], sm_l[kW][kRows];
+  float* sm_o = reinterpret_cast<float*>(ring);  // [kW][kRows][D]
   __syncthreads();  // every warp is done with the ring
 #pragma unroll
   for (int mt = 0; mt < kTiles; ++mt)
@@ -368,17 +381,17 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     }
   __syncthreads();
   const bool one_split = gridDim.x == 1;
-  for (int x = threadIdx.x; x < kRows * D; x += kThreads) {
+  for (int x = threadIdx.x; x < kRows * D; x += kBlockThreads) {
     const int r = x / D, c = x % D;
     if (!holds(r)) break;  // rows grow with x: no later one is held either
     const int h = head_of(r), i = token_of(r);
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][r]);
+    for (int w = 0; w < kW; ++w) M = fmaxf(M, sm_m[w][r]);
     float L = 0.f, O = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kW; ++w) {
         const float weight = exp2f(sm_m[w][r] - M);  // 0 for a warp that saw no key of the row
         L += sm_l[w][r] * weight;
         O += sm_o[(w * kRows + r) * D + c] * weight;
@@ -401,20 +414,28 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 }
 
 /// The split kernel of one or two row tiles: one where a KV head's pairs fit in 16 rows, so that a block of one new
-/// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one.
+/// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one;
+/// of kWideWarps warps where `wide` (d = 64 only), else of kWarps.
 template <class T, int D>
-void launch_split(int tiles, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads, const kit::Cache& cache,
-                  float* partial_o, float* partial_lse, int splits, int chunks, float scale_log2) {
-  const auto go = [&](auto kernel, int ring_bytes) {
-    kit::launch(kernel, grid, kThreads, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits, chunks,
-                scale_log2);
-  };
+void launch_split(int tiles, bool wide, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads,
+                  const kit::Cache& cache, float* partial_o, float* partial_lse, int splits, int chunks,
+                  float scale_log2) {
   const bool paged = cache.page_table != nullptr;
-  constexpr int kOne = kRingBytes<D, kRingStages<D, 1>>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>>;
-  if (tiles == 1)
-    paged ? go(split_kernel<T, D, 1, true>, kOne) : go(split_kernel<T, D, 1, false>, kOne);
-  else
-    paged ? go(split_kernel<T, D, kMaxTiles, true>, kTwo) : go(split_kernel<T, D, kMaxTiles, false>, kTwo);
+  const auto with_warps = [&](auto warps) {
+    constexpr int kW = decltype(warps)::value;
+    const auto go = [&](auto kernel, int ring_bytes) {
+      kit::launch(kernel, grid, kW * kWarpSize, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits,
+                  chunks, scale_log2);
+    };
+    constexpr int kOne = kRingBytes<D, kRingStages<D, 1>, kW>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>, kW>;
+    if (tiles == 1)
+      paged ? go(split_kernel<T, D, 1, true, kW>, kOne) : go(split_kernel<T, D, 1, false, kW>, kOne);
+    else
+      paged ? go(split_kernel<T, D, kMaxTiles, true, kW>, kTwo) : go(split_kernel<T, D, kMaxTiles, false, kW>, kTwo);
+  };
+  if constexpr (D == 64)
+    if (wide) return with_warps(std::integral_constant<int, kWideWarps>{});
+  with_warps(std::integral_constant<int, kWarps>{});
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel over
@@ -425,17 +446,21 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
+    // At d = 64 the wide block (kWideWarps warps, one an SM) for a contiguous cache, and for a paged one whose
+    // (sequence, KV head, chunk) units fit the SMs one each; many short paged sequences keep two 4-warp blocks an SM.
+    const std::int64_t units = std::int64_t(p.batch) * p.kv_heads * chunks;
+    const bool wide = D == 64 && (p.page_size == 0 || units <= kit::device_multiprocessors());
     const int per_sm = D == 128 && tiles == kMaxTiles ? kTwoTileBlocksPerSM
-                       : p.page_size > 0              ? kPagedSplitBlocksPerSM<D>
+                       : p.page_size > 0 && !wide     ? kPagedSplitBlocksPerSM<D>
                                                       : kSplitBlocksPerSM;
     const int slots = per_sm * kit::device_multiprocessors();
-    const int splits = decode::splits_for(p.kv_len, std::int64_t(p.batch) * p.kv_heads * chunks, slots);
+    const int splits = decode::splits_for(p.kv_len, units, slots);
     float* partial_o = static_cast<float*>(t.workspace);
     float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
     const auto heads = kit::heads<T, D>(p, t);
     const float scale_log2 = p.softmax_scale() * 1.44269504f;  // exp(x) = 2^(x log2(e))
-    launch_split<T, D>(tiles, dim3(splits, p.kv_heads * chunks, p.batch), stream, heads, kit::cache(p, t), partial_o,
-                       partial_lse, splits, chunks, scale_log2);
+    launch_split<T, D>(tiles, wide, dim3(splits, p.kv_heads * chunks, p.batch), stream, heads, kit::cache(p, t),
+                       partial_o, partial_lse, splits, chunks, scale_log2);
     if (splits > 1)
       kit::launch(decode::combine_kernel<T, D>, kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads), D, 0,
                   stream, heads, partial_o, partial_lse, splits, p.batch);

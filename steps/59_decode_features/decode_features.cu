@@ -14,7 +14,8 @@
 // The rest is step 48's: the page table read two tiles ahead, the walk without a division, the split rule's blocks an
 // SM on a paged cache, a kernel without the walk for a contiguous cache, a slice in one page copied as a contiguous
 // cache's, up to two row tiles a block sharing each K and V fragment, the cp.async ring (of 3 stages and two blocks an
-// SM for two row tiles at d = 128), the warps' merge, the combine; step 45's cache forms.
+// SM for two row tiles at d = 128), d = 64's wide block of 8 warps, the warps' merge, the combine; step 45's cache
+// forms.
 #include "09_tensor_cores/mma.cuh"
 #include "10_async_pipeline/cp_async.cuh"
 #include "42_split_kv_decode/split_kv.cuh"
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace fa::step59 {
 namespace {
@@ -47,10 +49,10 @@ struct Support : kit::Support<kit::DTypes<__half, __nv_bfloat16>, kit::HeadDims<
 
 constexpr int kWarps = 4;                       ///< warps of a split block
 constexpr int kThreads = kWarps * kWarpSize;    ///< 128 threads
+constexpr int kWideWarps = 8;                   ///< warps of d = 64's wide block: 128-key tiles, one an SM
 constexpr int kTileRows = kRowsPerWarp;         ///< rows of a row tile: the M of one mma, 16 (query head, new token) pairs
 constexpr int kMaxTiles = 2;                    ///< row tiles a block may hold: its rows, up to 32
 constexpr int kWarpKeys = 16;                   ///< a warp's keys in a tile: one k-step of P V
-constexpr int kTileKeys = kWarps * kWarpKeys;   ///< keys of a tile, 64
 constexpr int kStages = 4;                      ///< tiles of the ring: kStages - 1 on the way while one is used
 constexpr int kLookahead = 2;                   ///< tiles between a page-table read and the copies that use it
 constexpr int kSplitBlocksPerSM = 1;            ///< split blocks the split rule counts on an SM (step 44's choice)
@@ -59,8 +61,8 @@ template <int D> constexpr int kPagedSplitBlocksPerSM = std::max(1, 128 / D);
 
 /// Bytes of a warp's slice of K (or V) in one stage: kWarpKeys rows of D 16-bit elements, swizzled.
 template <int D> constexpr int kSliceBytes = kWarpKeys * D * 2;
-/// The ring: per stage, per warp, its slice of K then its slice of V.
-template <int D, int kRing> constexpr int kRingBytes = kRing * kWarps * 2 * kSliceBytes<D>;
+/// The ring: per stage, per warp (kW of them), its slice of K then its slice of V.
+template <int D, int kRing, int kW> constexpr int kRingBytes = kRing * kW * 2 * kSliceBytes<D>;
 /// Stages of a kernel's ring: kStages, but 3 for two row tiles at d = 128, whose 255 registers a thread leave its
 /// SM one warp a scheduler: 3 x 32 KiB lets two blocks share the SM (the split rule counts two), and each warp's
 /// waits are covered by the other block's.
@@ -84,13 +86,13 @@ struct Model {
 /// of chunk `chunk` of KV head kv_h's group: row r is pair x = chunk x kRows + r of the group's (query head, new
 /// token) pairs, row tile r / 16 of the block, query
 /// head kv_h x group + x / q_len and new token x % q_len; rows past the pairs are zeros. Warp w takes keys
-/// first + 64 t + 16 w .. + 15 of tile t. Writes, per row, the slice's O (divided by its own sum) and its
-/// log-sum-exp in log2 units into the workspace; a row that sees none of the slice's keys gets O = 0 and -inf. With
-/// one split (gridDim.x = 1) it writes O and LSE instead, the head's sink in them. kSoftcap: each score becomes
+/// first + 16 kW t + 16 w .. + 15 of tile t (kW warps: kWarps, or kWideWarps at d = 64). Writes, per row, the
+/// slice's O (divided by its own sum) and its log-sum-exp in log2 units into the workspace; a row that sees none of
+/// the slice's keys gets O = 0 and -inf. With one split (gridDim.x = 1) it writes O and LSE instead, the head's sink in them. kSoftcap: each score becomes
 /// softcap tanh(scale q.k / softcap), in log2 units.
 /// kPaged: a paged cache's kernel, with the page walk; without it, a contiguous cache's.
-template <class T, int D, int kTiles, bool kSoftcap, bool kPaged>
-__global__ void __launch_bounds__(kThreads)
+template <class T, int D, int kTiles, bool kSoftcap, bool kPaged, int kW>
+__global__ void __launch_bounds__(kW * kWarpSize)
 split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o, float* __restrict__ partial_lse,
              int splits, int chunks, float scale_log2, Model model) {
   constexpr int kRows = kTiles * kTileRows;         // a block's rows
@@ -100,6 +102,8 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   constexpr int kCopies = kWarpKeys * kChunksPerRow / kWarpSize;  // chunks of K (and of V) a lane copies a tile
   constexpr int kRowBytes = D * 2;
   constexpr int kRing = kRingStages<D, kTiles>;     // stages of this kernel's ring
+  constexpr int kTileKeys = kW * kWarpKeys;         // keys of a tile: 64, or 128 in a wide block
+  constexpr int kBlockThreads = kW * kWarpSize;     // the block's threads
   // A paged kernel of one row tile copies a slice that lies in one page as a contiguous cache's (see start_tile).
   // (With two row tiles its registers would spill.)
   constexpr bool kSlicesInPages = kPaged && kTiles == 1;
@@ -145,7 +149,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   // split's end; none for a padding row), in shared memory: a lane's registers hold Q, O and the page walk, and its
   // rows' window starts beside their ends would spill at d = 128 with two row tiles.
   __shared__ int sm_first[kRows], sm_last[kRows];
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+  for (int r = threadIdx.x; r < kRows; r += kBlockThreads) {
     const KeyRange keys = holds(r) ? keys_of(token_of(r)) : KeyRange{};
     sm_first[r] = keys.first, sm_last[r] = min(keys.last, last);
   }
@@ -207,7 +211,7 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   // This warp's slice of K (kv = 0) or V (kv = 1) in stage `stage` of the ring.
   extern __shared__ __align__(128) unsigned char ring[];
   auto slice = [&](int stage, int kv) {
-    return shared_address(ring + ((stage * kWarps + warp) * 2 + kv) * kSliceBytes<D>);
+    return shared_address(ring + ((stage * kW + warp) * 2 + kv) * kSliceBytes<D>);
   };
   const int tiles = kit::ceil_div(last - first, kTileKeys);
   // Starts the copies of this warp's 16 keys of tile `tile` into stage tile % kRing, as one commit group of each
@@ -358,13 +362,13 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
   }
   cp_async_wait<0>();  // the empty groups past the last tile
 
-  // The 4 warps merge, row by row, through shared memory (the ring, now idle): M = max m_w, L = sum l_w 2^(m_w - M),
+  // The kW warps merge, row by row, through shared memory (the ring, now idle): M = max m_w, L = sum l_w 2^(m_w - M),
   // O = sum O_w 2^(m_w - M) / L. With one split that is the answer: O in the tensor's type and LSE (natural log),
   // and no combine runs. Else workspace row (split, b, token, head): [splits][batch][q_len][q_heads].
   // The sink is the whole row's: with one split it joins M and L here, as one more term with no value; with several
   // the combine adds it, once, and no split's partial holds it.
-  __shared__ float sm_m[kWarps][kRows], sm_l[kWarps][kRows];
-  float* sm_o = reinterpret_cast<float*>(ring);  // [kWarps][kRows][D]
+  __shared__ float sm_m[kW][kRows], sm_l[kW][kRows];
+  float* sm_o = reinterpret_cast<float*>(ring);  // [kW][kRows][D]
   __syncthreads();  // every warp is done with the ring
 #pragma unroll
   for (int mt = 0; mt < kTiles; ++mt)
@@ -383,18 +387,18 @@ split_kernel(kit::Heads<T, D> s, kit::Cache cache, float* __restrict__ partial_o
     }
   __syncthreads();
   const bool one_split = gridDim.x == 1;
-  for (int x = threadIdx.x; x < kRows * D; x += kThreads) {
+  for (int x = threadIdx.x; x < kRows * D; x += kBlockThreads) {
     const int r = x / D, c = x % D;
     if (!holds(r)) break;  // rows grow with x: no later one is held either
     const int h = head_of(r), i = token_of(r);
     const float sink_log2 = one_split && model.sinks != nullptr ? model.sinks[h] * kLog2e : -INFINITY;
     float M = sink_log2;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][r]);
+    for (int w = 0; w < kW; ++w) M = fmaxf(M, sm_m[w][r]);
     float L = 0.f, O = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kW; ++w) {
         const float weight = exp2f(sm_m[w][r] - M);  // 0 for a warp that saw no key of the row
         L += sm_l[w][r] * weight;
         O += sm_o[(w * kRows + r) * D + c] * weight;
@@ -454,19 +458,27 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 /// The split kernel of one or two row tiles: one where a KV head's pairs fit in 16 rows, so that a block of one new
 /// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one.
 template <class T, int D, bool kSoftcap>
-void launch_split(int tiles, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads, const kit::Cache& cache,
-                  float* partial_o, float* partial_lse, int splits, int chunks, float scale_log2, const Model& model) {
-  const auto go = [&](auto kernel, int ring_bytes) {
-    kit::launch(kernel, grid, kThreads, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits, chunks,
-                scale_log2, model);
-  };
+void launch_split(int tiles, bool wide, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads,
+                  const kit::Cache& cache, float* partial_o, float* partial_lse, int splits, int chunks,
+                  float scale_log2, const Model& model) {
   const bool paged = cache.page_table != nullptr;
-  constexpr int kOne = kRingBytes<D, kRingStages<D, 1>>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>>;
-  if (tiles == 1)
-    paged ? go(split_kernel<T, D, 1, kSoftcap, true>, kOne) : go(split_kernel<T, D, 1, kSoftcap, false>, kOne);
-  else
-    paged ? go(split_kernel<T, D, kMaxTiles, kSoftcap, true>, kTwo)
-          : go(split_kernel<T, D, kMaxTiles, kSoftcap, false>, kTwo);
+  const auto with_warps = [&](auto warps) {
+    constexpr int kW = decltype(warps)::value;
+    const auto go = [&](auto kernel, int ring_bytes) {
+      kit::launch(kernel, grid, kW * kWarpSize, ring_bytes, stream, heads, cache, partial_o, partial_lse, splits,
+                  chunks, scale_log2, model);
+    };
+    constexpr int kOne = kRingBytes<D, kRingStages<D, 1>, kW>, kTwo = kRingBytes<D, kRingStages<D, kMaxTiles>, kW>;
+    if (tiles == 1)
+      paged ? go(split_kernel<T, D, 1, kSoftcap, true, kW>, kOne)
+            : go(split_kernel<T, D, 1, kSoftcap, false, kW>, kOne);
+    else
+      paged ? go(split_kernel<T, D, kMaxTiles, kSoftcap, true, kW>, kTwo)
+            : go(split_kernel<T, D, kMaxTiles, kSoftcap, false, kW>, kTwo);
+  };
+  if constexpr (D == 64)
+    if (wide) return with_warps(std::integral_constant<int, kWideWarps>{});
+  with_warps(std::integral_constant<int, kWarps>{});
 }
 
 /// Validates the problem (dispatch refuses more new tokens than kMaxQueries), then launches the split kernel over
@@ -477,11 +489,15 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
     const int rows = p.q_heads / p.kv_heads * p.q_len;  // a KV head's (query head, new token) pairs
     const int tiles = rows > kTileRows ? kMaxTiles : 1;  // row tiles a block
     const int chunks = kit::ceil_div(rows, tiles * kTileRows);
+    // At d = 64 the wide block (kWideWarps warps, one an SM) for a contiguous cache, and for a paged one whose
+    // (sequence, KV head, chunk) units fit the SMs one each; many short paged sequences keep two 4-warp blocks an SM.
+    const std::int64_t units = std::int64_t(p.batch) * p.kv_heads * chunks;
+    const bool wide = D == 64 && (p.page_size == 0 || units <= kit::device_multiprocessors());
     const int per_sm = D == 128 && tiles == kMaxTiles ? kTwoTileBlocksPerSM
-                       : p.page_size > 0              ? kPagedSplitBlocksPerSM<D>
+                       : p.page_size > 0 && !wide     ? kPagedSplitBlocksPerSM<D>
                                                       : kSplitBlocksPerSM;
     const int slots = per_sm * kit::device_multiprocessors();
-    const int splits = decode::splits_for(window_keys(p), std::int64_t(p.batch) * p.kv_heads * chunks, slots);
+    const int splits = decode::splits_for(window_keys(p), units, slots);
     float* partial_o = static_cast<float*>(t.workspace);
     float* partial_lse = partial_o + std::int64_t(splits) * p.q_elements();
     const auto heads = kit::heads<T, D>(p, t);
@@ -491,11 +507,11 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
                       p.sinks ? t.sinks : nullptr};
     const dim3 grid(splits, p.kv_heads * chunks, p.batch);
     if (cap > 0.f)
-      launch_split<T, D, true>(tiles, grid, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits, chunks,
-                               scale_log2, model);
+      launch_split<T, D, true>(tiles, wide, grid, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits,
+                               chunks, scale_log2, model);
     else
-      launch_split<T, D, false>(tiles, grid, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits, chunks,
-                                scale_log2, model);
+      launch_split<T, D, false>(tiles, wide, grid, stream, heads, kit::cache(p, t), partial_o, partial_lse, splits,
+                                chunks, scale_log2, model);
     const dim3 one_a_row = kit::grid_1d(std::int64_t(p.batch) * p.q_len * p.q_heads);
     if (splits > 1 && model.sinks)
       kit::launch(sink_combine_kernel<T, D>, one_a_row, D, 0, stream, heads, partial_o, partial_lse, splits, p.batch,

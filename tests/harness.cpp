@@ -111,6 +111,15 @@ std::vector<Case> shape_cases(const std::vector<DType>& dtypes, const std::vecto
         false);
   cache("speculative: 8 new tokens, MQA 8/1 (64 rows a KV head), bottom-right causal", problem(2, 8, 400, 8, 1, d0),
         {400, 3}, 0, true);
+  // Many short paged sequences: more (sequence, KV head) units than any GPU has SMs, where step 48 keeps two 4-warp
+  // blocks an SM at d = 64 (fewer units take its wide block of 8 warps); one new token and 8 (two row tiles), lengths
+  // from 0 to 96 that pages of 16 mostly do not divide.
+  std::vector<int> short_lens(36);
+  for (int i = 0; i < 36; ++i) short_lens[i] = i * 37 % 97;
+  cache("decode: many short paged sequences (36 x 8 KV heads), pages of 16", problem(36, 1, 96, 16, 8, d0), short_lens,
+        16, false);
+  cache("speculative: 8 new tokens, many short paged sequences (36 x 8 KV heads), bottom-right causal, pages of 16",
+        problem(36, 8, 96, 32, 8, d0), short_lens, 16, true);
   // Sequences of no keys among long ones: every split of theirs is empty, and the long ones need several splits
   // (contiguous and paged).
   cache("decode: zero-length sequences among long ones (several splits)", problem(4, 1, 20000, 8, 2, d0),

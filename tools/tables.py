@@ -484,7 +484,7 @@ def roofline(rows, steps=()) -> str:
 def decode_bars(rows, steps=()) -> str:
     """Issue 57's done-when read from one decode roofline CSV (bench/decode_roofline.sh, medians over its rounds), per
     shape and dtype, for the step fastest on the contiguous cache with one new token (of `steps`, default every step
-    in the rows; on a paged cache the fastest of those timed on it): its bandwidth against 95 % of the run's read ceiling (or 0.98x cuDNN where cuDNN reads above the
+    in the rows; on a paged cache the one fastest on it): its bandwidth against 95 % of the run's read ceiling (or 0.98x cuDNN where cuDNN reads above the
     ceiling); each page size's against its own contiguous bandwidth (>= 0.95x); at the GQA shapes, 4 and 8 new tokens
     (no mask and bottom-right) against one, contiguous and on each page size (>= 0.9x). A bar without its rows in the
     CSV is listed as not measured, never as met."""
@@ -527,11 +527,12 @@ def decode_bars(rows, steps=()) -> str:
         else:
             bar("contiguous / read ceiling", shape, dtype, step, best / read if read else None, 0.95,
                 f"{_fmt(best)} TB/s = {_fmt(best / read) if read else '–'}x of {_fmt(read)}")
-        # The paged and several-token bars: the fastest contiguous step among those timed on that cache form (a step
-        # that takes no pages, as 47, leaves the pages to the next).
+        # The paged and several-token bars: the step fastest on that page size, against its own contiguous read (the
+        # issue's "the same step's contiguous speed"; the step fastest contiguous may be another, slow on pages or
+        # taking none, as 47 at d = 64).
         def step_for(ps):
-            timed = [(speed, s) for speed, s in ours if (key, 1, 0, s, ps) in med]
-            return max(timed) if timed else (best, step)
+            timed = [(med[(key, 1, 0, s, ps)], speed, s) for speed, s in ours if (key, 1, 0, s, ps) in med]
+            return max(timed)[1:] if timed else (best, step)
 
         for ps in pages:
             base, paged_step = step_for(ps)

@@ -143,10 +143,15 @@ assert "0.93x of 4.3 | 0.95 | no |" in table, table
 cudnn_fast = entries[:-1] + [("sdpa-cudnn", one_ms / 1.1, 1, False)]  # cuDNN 4.4 TB/s, above a ceiling of 4.3
 table = bars(cudnn_fast, 4300)
 assert "| contiguous / cuDNN |" in table and "0.909x cuDNN" in table and "| 0.98 | no |" in table, table
-# A step that takes no pages (47) fastest on the contiguous cache: the contiguous bar is its, the paged bar the next
+# A step timed on no pages (47) fastest on the contiguous cache: the contiguous bar is its, the paged bar the next
 # step's against that step's own contiguous read.
 no_pages = [("47", one_ms / 1.05, 1, False), entries[0], entries[2]]  # 47 at 4.2 TB/s; 48 at 4, 3.84 paged
 table = bars(no_pages, 4300)
 assert "| contiguous / read ceiling | 8, 8192, 32/8, 128 | f16 | 47 | 4.2 TB/s" in table, table
+assert "| pages of 16 / contiguous | 8, 8192, 32/8, 128 | f16 | 48 | 3.84 / 4 = 0.96x | 0.95 | yes |" in table, table
+# 47 fastest contiguous and timed on pages too, but slow there (as at d = 64): the paged bar is still the step fastest
+# on pages (48) against its own contiguous read, not 47's pages against 47.
+slow_pages = no_pages + [("47", one_ms / 0.6, 1, False, 16)]  # 47 at 2.4 TB/s on pages of 16
+table = bars(slow_pages, 4300)
 assert "| pages of 16 / contiguous | 8, 8192, 32/8, 128 | f16 | 48 | 3.84 / 4 = 0.96x | 0.95 | yes |" in table, table
 print("decode roofline: plan, merge, table and issue 57's bars as expected")

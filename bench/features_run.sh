@@ -13,7 +13,7 @@
 # cuDNN and FlashAttention-2 through SDPA where they take the problem. FA_FEATURES_GPUS="0 1 2 3" deals the five
 # runs over those GPUs, the longest first, each GPU's runs one after another ($OUT/run<k>/ keeps each run's files);
 # the default, one GPU, runs them in turn. `python3 tools/tables.py features --csv $OUT/features.csv [--pass backward]`
-# reads the features' bars from it, `tools/tables.py backward` the head_dim 256 rows.
+# prints the features against none and FA4, `tools/tables.py feature-bars --csv …` checks issue 58's bars.
 #
 #   FA_PEER_SITE=/tmp/fa4-site FA_FEATURES_GPUS="0 1 2 3" bash bench/features_run.sh [ROUNDS]     (default 2)
 set -uo pipefail

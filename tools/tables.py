@@ -288,6 +288,86 @@ def features(rows, steps=(), pass_="forward") -> str:
     return "\n".join(lines)
 
 
+def feature_bars(rows) -> str:
+    """Issue 58's done-when read from one CSV of bench/features_run.sh (medians over its rounds), forward and
+    backward: for a window, a cap and sinks, at each configuration timed with them, the step fastest with the feature
+    against FlashAttention-4 with it (>= 0.95x) and against itself without it (a window: >= 6.5x faster than the full
+    causal problem, at 16k tokens; a cap or sinks: within 5 %, >= 0.95x); for a pack (varlen), the step fastest on it against FA4 on
+    it (>= 0.95x) and its TFLOPS against its own at the fixed-length shape of as many tokens (>= 0.95x); at head_dim
+    256, the fastest step against the faster of FA4 and cuDNN (>= 0.95x). A bar without its rows is listed as not
+    measured, never as met."""
+    picked = [r for r in rows if re.fullmatch(r"round\d+(-.+)?", r["suite"])]
+
+    def feature(r):
+        return r["suite"].split("-", 1)[1] if "-" in r["suite"] else ""
+
+    ms_of: dict = {}
+    tflops_of: dict = {}
+    for r in picked:
+        key = (r.get("pass", "forward"), _config(r), feature(r), _label(r))
+        ms_of.setdefault(key, []).append(r["ms"])
+        tflops_of.setdefault(key, []).append(r["tflops"])
+    med = {k: _median(v) for k, v in ms_of.items()}
+    med_tflops = {k: _median(v) for k, v in tflops_of.items()}
+    lines = ["| bar | pass | d | B, N, H | dtype | causal | step | measured | bar | met |",
+             "|---|---|---|---|---|---|---|---:|---:|---|"]
+    met = total = 0
+
+    def bar(name, key, step, value, need, text):
+        nonlocal met, total
+        total += 1
+        ok = value is not None and value >= need
+        met += ok
+        pass_, (d, b, n, h, dtype, causal) = key[0], key[1]
+        lines.append(f"| {name} | {pass_} | {d} | {b}, {n}, {h} | {dtype} | {'yes' if causal else 'no'} | {step} | "
+                     f"{text} | {_fmt(need)} | {'yes' if ok else 'no' if value is not None else 'not measured'} |")
+
+    def fastest(pass_, cfg, feat):
+        ours = [(ms, label) for (p, c, f, label), ms in med.items()
+                if (p, c, f) == (pass_, cfg, feat) and not plots.is_peer({"step": label.split("-")[0]})]
+        return min(ours) if ours else (None, None)
+
+    for pass_, cfg, feat in sorted({k[:3] for k in med if k[2]}, key=lambda k: (k[2], k[0], k[1])):
+        ms, step = fastest(pass_, cfg, feat)
+        if ms is None:
+            continue
+        fa4 = med.get((pass_, cfg, feat, "fa4"))
+        bar(f"{feat} / FA4", (pass_, cfg), step, fa4 / ms if fa4 else None, 0.95,
+            f"FA4 {_fmt(fa4, 4)} / {_fmt(ms, 4)} ms = {_fmt(fa4 / ms) if fa4 else '–'}x")
+        if feat.startswith("varlen"):  # its own TFLOPS at the fixed-length shape of as many tokens, same step
+            tokens = int(feat.rsplit("_", 1)[1])
+            fixed = [(k, v) for k, v in med_tflops.items() if k[0] == pass_ and not k[2] and k[3] == step
+                     and k[1][0] == cfg[0] and k[1][4:] == cfg[4:] and k[1][1] * k[1][2] == tokens]
+            pack = med_tflops.get((pass_, cfg, feat, step))
+            if fixed and pack:
+                (_, (_, fb, fn, *_), _, _), fixed_tflops = fixed[0]
+                bar(f"{feat} / fixed length", (pass_, cfg), step, pack / fixed_tflops, 0.95,
+                    f"{_fmt(pack)} / {_fmt(fixed_tflops)} TFLOPS ({fb} x {fn}) = {_fmt(pack / fixed_tflops)}x")
+            else:
+                bar(f"{feat} / fixed length", (pass_, cfg), step, None, 0.95, "the fixed-length rows: not in the CSV")
+            continue
+        without = med.get((pass_, cfg, "", step))
+        if feat.startswith("window"):
+            if cfg[2] < 16384:  # the issue's 6.5x is over 16k tokens (8x less work); a shorter problem saves less
+                continue
+            bar(f"full causal / {feat}", (pass_, cfg), step, without / ms if without else None, 6.5,
+                f"{_fmt(without, 4)} / {_fmt(ms, 4)} ms = {_fmt(without / ms) if without else '–'}x")
+        else:
+            bar(f"{feat}: without / with", (pass_, cfg), step, without / ms if without else None, 0.95,
+                f"{_fmt(without, 4)} / {_fmt(ms, 4)} ms = {_fmt(without / ms) if without else '–'}x")
+    for pass_, cfg in sorted({k[:2] for k in med if not k[2] and k[1][0] == 256}):
+        ms, step = fastest(pass_, cfg, "")
+        peers = [(med[(pass_, cfg, "", p)], p) for p in ("fa4", "sdpa-cudnn") if (pass_, cfg, "", p) in med]
+        if ms is None:
+            continue
+        peer_ms, peer = min(peers) if peers else (None, None)
+        bar("head_dim 256 / the faster of FA4 and cuDNN", (pass_, cfg), step, peer_ms / ms if peers else None, 0.95,
+            f"{PEER_COLUMN.get(peer, peer)} {_fmt(peer_ms, 4)} / {_fmt(ms, 4)} ms = "
+            f"{_fmt(peer_ms / ms) if peers else '–'}x" + ("" if len(peers) == 2 else " (one peer timed)"))
+    lines.append(f"\n{met} of {total} bars met (medians of the rounds).")
+    return "\n".join(lines)
+
+
 #: Column titles of the peers in the rounds table.
 PEER_COLUMN = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "fa3": "FA3", "fa4": "FA4"}
 
@@ -758,7 +838,8 @@ def main(argv=None) -> int:
     """Command line: which table, from which CSVs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=["times", "accuracy", "course", "compare", "rounds", "backward", "decode",
-                                          "pages", "roofline", "decode-bars", "features", "parts", "context"])
+                                          "pages", "roofline", "decode-bars", "features", "feature-bars", "parts",
+                                          "context"])
     parser.add_argument("--dtype", default="f16", help="parts: the dtype of the tables (default f16; f32 for the "
                         "CUDA-core steps' chain)")
     parser.add_argument("--part", default=None, help="parts: one part (" + ", ".join(PART_SHAPES) + "; default all)")
@@ -814,6 +895,9 @@ def main(argv=None) -> int:
         return 0
     if args.table == "features":
         print(features(plots.load(paths), steps, args.pass_))
+        return 0
+    if args.table == "feature-bars":
+        print(feature_bars(plots.load(paths)))
         return 0
     rows = load(paths)
     if args.table == "times":

@@ -95,5 +95,61 @@ with tempfile.TemporaryDirectory() as folder:
     plain = tables.backward(rows, ["53"])
     line = next(t for t in plain.splitlines() if t.startswith("| 128 |"))
     assert "| 5.35 |" in line and "medians of 2 alternating rounds" in plain, plain
+
+# Issue 58's bars (tables.py feature-bars) from one CSV of bench/features_run.sh: a window, a cap and sinks against
+# FA4 and against the step without them, a pack against FA4 and its own fixed-length TFLOPS, head_dim 256 against
+# the faster of FA4 and cuDNN; the fastest step with the feature is the one read; a bar without rows is never met.
+def bar_row(step, ms, suite, shape=shape, pass_="forward", causal=True, tflops=None):
+    r = sdpa_peers.peer_row(step, "bf16", shape, causal, suite, "GPU", ms, ms, ms, 30, 0, 1e-3, 1e-3, pass_)
+    if tflops is not None:
+        r[11] = str(tflops)
+    return r
+
+
+d256 = (4, 4096, 4096, 16, 16, 256)
+fixed = (32, 4096, 4096, 16, 16, 128)
+pack = (100, 4096, 4096, 16, 16, 128)  # as fa-bench writes a pack's row: its count of sequences, the longest
+entries = []
+for k in (1, 2):
+    entries += [bar_row("49", 1.80, f"round{k}"), bar_row("49", 0.26, f"round{k}-window1024_0"),   # 6.9x: met
+                bar_row("fa4", 0.25, f"round{k}-window1024_0"),                                      # 0.96x: met
+                bar_row("49", 0.6, f"round{k}", (4, 4096, 4096, 16, 16, 128)),      # at 4k: no 6.5x bar, FA4's not met
+                bar_row("49", 0.2, f"round{k}-window1024_0", (4, 4096, 4096, 16, 16, 128)),
+                bar_row("50", 1.80, f"round{k}"), bar_row("50", 2.00, f"round{k}-softcap50"),         # 0.90x: no
+                bar_row("fa4", 2.10, f"round{k}-softcap50"),
+                bar_row("51", 1.80, f"round{k}"), bar_row("25", 1.70, f"round{k}"),
+                bar_row("51", 1.82, f"round{k}-sinks"),                               # 0.989x: met; no FA4 row
+                bar_row("52", 10.0, f"round{k}", fixed, tflops=600), bar_row("52", 5.0, f"round{k}-varlen100_131072",
+                                                                           pack, tflops=580),        # 0.967x: met
+                bar_row("fa4", 4.5, f"round{k}-varlen100_131072", pack),                             # 0.9x: no
+                bar_row("58", 6.7, f"round{k}", d256, "backward", False), bar_row("61", 6.8, f"round{k}", d256,
+                                                                                  "backward", False),
+                bar_row("fa4", 7.4, f"round{k}", d256, "backward", False),
+                bar_row("sdpa-cudnn", 7.1, f"round{k}", d256, "backward", False)]                  # 7.1 / 6.7: met
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "features.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(plots.COLUMNS)
+        w.writerows(entries)
+    table = tables.feature_bars(plots.load([path]))
+got = {}  # each bar's first line (the 16k configuration's, where a bar has two)
+for line in table.splitlines():
+    if line.startswith("| "):
+        got.setdefault(tuple(c.strip() for c in line.strip("|").split("|"))[0], line)
+assert got["full causal / window1024_0"].endswith("| 6.5 | yes |") and "| 49 |" in got["full causal / window1024_0"], table
+assert got["window1024_0 / FA4"].endswith("| 0.95 | yes |"), table
+assert got["softcap50: without / with"].endswith("| 0.95 | no |"), table
+assert got["softcap50 / FA4"].endswith("| 0.95 | yes |"), table
+assert got["sinks / FA4"].endswith("| not measured |") and got["sinks: without / with"].endswith("| yes |"), table
+assert "580.0 / 600.0 TFLOPS (32 x 4096)" in got["varlen100_131072 / fixed length"], table
+assert got["varlen100_131072 / fixed length"].endswith("| yes |") and got["varlen100_131072 / FA4"].endswith("| no |")
+d256_bar = got["head_dim 256 / the faster of FA4 and cuDNN"]
+assert "| backward | 256 |" in d256_bar and "| 58 |" in d256_bar and "cuDNN 7.1 / 6.7 ms" in d256_bar, d256_bar
+assert d256_bar.endswith("| yes |") and "6 of 10 bars met" in table, table
+assert sum(1 for line in table.splitlines() if line.startswith("| full causal /")) == 1, table  # 16k only
+assert "| window1024_0 / FA4 | forward | 128 | 4, 4096, 16 | bf16 | yes | 49 | FA4 – / 0.2 ms = –x | 0.95 | not measured |" \
+    in table, table
+
 print("features' rounds: merged by feature, table against none and FA4, rounds table without features; the "
-      "backward's features apart from its plain rounds")
+      "backward's features apart from its plain rounds; issue 58's bars from one run")

@@ -148,6 +148,15 @@ d256_bar = got["head_dim 256 / the faster of FA4 and cuDNN"]
 assert "| backward | 256 |" in d256_bar and "| 58 |" in d256_bar and "cuDNN 7.1 / 6.7 ms" in d256_bar, d256_bar
 assert d256_bar.endswith("| yes |") and "6 of 10 bars met" in table, table
 assert sum(1 for line in table.splitlines() if line.startswith("| full causal /")) == 1, table  # 16k only
+# With one of the two head_dim 256 peers timed, "the faster of the two" is not measured, whatever the one says.
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "features.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(plots.COLUMNS)
+        w.writerows(r for r in entries if r[0] != "fa4")
+    one_peer = tables.feature_bars(plots.load([path]))
+assert "(1 of the 2 peers timed) | 0.95 | not measured |" in one_peer, one_peer
 assert "| window1024_0 / FA4 | forward | 128 | 4, 4096, 16 | bf16 | yes | 49 | FA4 – / 0.2 ms = –x | 0.95 | not measured |" \
     in table, table
 

@@ -24,8 +24,9 @@
 # FA_PEER_SITE is set, its compiled kernels kept on disk (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR, default /tmp/fa4-cache)
 # and compiled before round 1 by one process a page size at once (FA4 compiles each kind of call once, seconds each:
 # without that, round 1's FA4 rows would wait on the compiler and each later process would compile again).
-# FA_ROOFLINE_GPUS="0 1": the caches dealt out over those GPUs in turn, each GPU's share a run of its own (its read
-# ceiling, its alternating rounds) at the same time, their rows then one CSV ($OUT/gpu<N>/ keeps each share's files).
+# FA_ROOFLINE_GPUS="0 1": the (cache, dtype) pairs dealt out over those GPUs in turn, each GPU's share one run a dtype
+# (its read ceiling, its alternating rounds), the GPUs at the same time, their rows then one CSV ($OUT/gpu<N>-<dtype>/
+# keeps each run's files).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -51,23 +52,34 @@ for cache in "${caches[@]}"; do
   for n in "${these[@]}"; do shapes+="$b,$n,$kv,${hq:-$q_heads},${hkv:-$kv_heads},${d:-$head_dim} "; done
 done
 
-if [ -n "${FA_ROOFLINE_GPUS:-}" ]; then  # each GPU a share of the caches, in turn; this script again on each
+if [ -n "${FA_ROOFLINE_GPUS:-}" ]; then  # each GPU a share of the (cache, dtype) pairs, in turn; this script on each
   read -r -a gpus <<< "$FA_ROOFLINE_GPUS"
   for g in "${gpus[@]}"; do
     [[ "$g" =~ ^[0-9]+$ ]] ||
       { echo "FA_ROOFLINE_GPUS: '$g' is not a GPU's index (0, 1, ... as CUDA_VISIBLE_DEVICES takes them)"; exit 2; }
   done
-  share=()
-  for i in "${!caches[@]}"; do share[i % ${#gpus[@]}]+="${caches[i]} "; done
+  # A cache in each dtype is a pair of its own, so that one long cache (B = 1, 131,072 keys) is two GPUs' work, not
+  # one's: list the caches longest first and the short ones fill in behind them.
+  share=(); i=0
+  for cache in "${caches[@]}"; do
+    for dtype in ${dtypes//,/ }; do share[i % ${#gpus[@]}]+="$cache@$dtype "; i=$((i + 1)); done
+  done
   status=0; pids=()
   for i in "${!gpus[@]}"; do
     [ -n "${share[i]:-}" ] || continue
-    CUDA_VISIBLE_DEVICES=${gpus[i]} OUT=$OUT/gpu${gpus[i]} FA_ROOFLINE_CACHES="${share[i]}" FA_ROOFLINE_GPUS= \
-      bash "$0" "$rounds" > "$OUT/gpu${gpus[i]}.log" 2>&1 &
+    (  # one run a dtype of the share, one after another: each its own read ceiling and alternating rounds
+      failed=0
+      for dtype in $(tr ' ' '\n' <<< "${share[i]}" | sed -n 's/.*@//p' | awk '!seen[$0]++'); do
+        mine=$(tr ' ' '\n' <<< "${share[i]}" | sed -n "s/@$dtype\$//p" | tr '\n' ' ')
+        CUDA_VISIBLE_DEVICES=${gpus[i]} OUT=$OUT/gpu${gpus[i]}-$dtype FA_ROOFLINE_CACHES="$mine" FA_ROOFLINE_DTYPES=$dtype \
+          FA_ROOFLINE_GPUS='' bash "$0" "$rounds" > "$OUT/gpu${gpus[i]}-$dtype.log" 2>&1 || failed=1
+      done
+      exit $failed
+    ) &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-  # One CSV: every share's ceilings first, then every share's rows (the header once).
+  # One CSV: every run's ceilings first, then every run's rows (the header once).
   first=1
   for f in "$OUT"/gpu*/roofline.csv; do
     [ -f "$f" ] || { status=1; continue; }
@@ -75,7 +87,10 @@ if [ -n "${FA_ROOFLINE_GPUS:-}" ]; then  # each GPU a share of the caches, in tu
     grep ',ceiling,' "$f"
   done > "$OUT/roofline.csv"
   for f in "$OUT"/gpu*/roofline.csv; do [ -f "$f" ] && tail -n +2 "$f" | grep -v ',ceiling,'; done >> "$OUT/roofline.csv"
-  for i in "${!gpus[@]}"; do echo "GPU ${gpus[i]}: ${share[i]:-nothing}"; tail -1 "$OUT/gpu${gpus[i]}.log" 2> /dev/null; done
+  for i in "${!gpus[@]}"; do
+    echo "GPU ${gpus[i]}: ${share[i]:-nothing}"
+    for log in "$OUT/gpu${gpus[i]}"-*.log; do [ -f "$log" ] && tail -1 "$log"; done
+  done
   echo "$(($(wc -l < "$OUT/roofline.csv") - 1)) rows in $OUT/roofline.csv"
   exit $status
 fi

@@ -154,4 +154,34 @@ assert "| pages of 16 / contiguous | 8, 8192, 32/8, 128 | f16 | 48 | 3.84 / 4 = 
 slow_pages = no_pages + [("47", one_ms / 0.6, 1, False, 16)]  # 47 at 2.4 TB/s on pages of 16
 table = bars(slow_pages, 4300)
 assert "| pages of 16 / contiguous | 8, 8192, 32/8, 128 | f16 | 48 | 3.84 / 4 = 0.96x | 0.95 | yes |" in table, table
-print("decode roofline: plan, merge, table and issue 57's bars as expected")
+
+# FA_ROOFLINE_GPUS deals (cache, dtype) pairs, so that one long cache is two GPUs' work: over four GPUs, caches listed
+# longest first, each GPU runs one dtype of two caches (run here with a stub fa-bench that logs its arguments; the
+# peers and the ceiling find no GPU and fail, which the script reports in its exit status and goes on).
+import stat  # noqa: E402
+import subprocess  # noqa: E402
+with tempfile.TemporaryDirectory() as folder:
+    os.symlink(os.path.abspath(os.path.join(REPO, "bench")), os.path.join(folder, "bench"))
+    os.makedirs(os.path.join(folder, "build", "bench"))
+    stub = os.path.join(folder, "build", "bench", "fa-bench")
+    with open(stub, "w") as f:
+        f.write("#!/bin/sh\necho \"GPU=$CUDA_VISIBLE_DEVICES $*\"\n")
+    os.chmod(stub, os.stat(stub).st_mode | stat.S_IXUSR)
+    env = dict(os.environ, OUT=os.path.join(folder, "out"), FA_ROOFLINE_GPUS="0 1 2 3", FA_ROOFLINE_STEPS="48",
+               FA_ROOFLINE_CACHES="1,131072 8,8192 8,8192,16,16,64:1 64,2048", FA_ROOFLINE_TOKENS="1 8",
+               FA_ROOFLINE_PAGES="0", FA_ROOFLINE_DTYPES="f16,bf16")
+    env.pop("FA_PEER_SITE", None)
+    subprocess.run(["bash", "bench/decode_roofline.sh", "1"], cwd=folder, env=env, capture_output=True, timeout=600)
+    runs = sorted(d for d in os.listdir(os.path.join(folder, "out")) if os.path.isdir(os.path.join(folder, "out", d)))
+    assert runs == ["gpu0-f16", "gpu1-bf16", "gpu2-f16", "gpu3-bf16"], runs
+    said = {r: open(os.path.join(folder, "out", r, "roofline", "steps-1-0.txt")).read() for r in runs}
+    for r in ("gpu0-f16", "gpu1-bf16"):  # B = 1's cache and d = 64's (one new token), one dtype each
+        assert "--shape 1,1,131072,32,8,128 1,8,131072,32,8,128 8,1,8192,16,16,64 " in said[r], said[r]
+    for r in ("gpu2-f16", "gpu3-bf16"):
+        assert "--shape 8,1,8192,32,8,128 8,8,8192,32,8,128 64,1,2048,32,8,128 64,8,2048,32,8,128 " in said[r], said[r]
+    assert all(f"--dtypes {r.split('-')[1]} " in said[r] and said[r].startswith(f"GPU={r[3]} ") for r in runs), said
+    env["FA_ROOFLINE_GPUS"] = "0 one"
+    refused = subprocess.run(["bash", "bench/decode_roofline.sh", "1"], cwd=folder, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "'one' is not a GPU's index" in refused.stdout, refused
+print("decode roofline: plan, merge, table and issue 57's bars as expected; (cache, dtype) pairs dealt over the GPUs")

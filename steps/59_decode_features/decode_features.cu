@@ -456,7 +456,8 @@ std::size_t workspace_bytes(const AttentionProblem& p) {
 }
 
 /// The split kernel of one or two row tiles: one where a KV head's pairs fit in 16 rows, so that a block of one new
-/// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one.
+/// token is step 46's, two where they do not; with the page walk for a paged cache, without it for a contiguous one;
+/// of kWideWarps warps where `wide` (d = 64 only), else of kWarps.
 template <class T, int D, bool kSoftcap>
 void launch_split(int tiles, bool wide, dim3 grid, cudaStream_t stream, const kit::Heads<T, D>& heads,
                   const kit::Cache& cache, float* partial_o, float* partial_lse, int splits, int chunks,

@@ -269,7 +269,7 @@ const std::vector<StepInfo>& all_steps() {
        "head_dim 256 (Gemma-class models) in step 52's kernel: K/V tiles of 80 keys in two stages beside Q_i's 64 KiB, O's 128 registers a thread; d = 64 and 128 as step 52, every feature at 256",
        step57::launcher()},
       {"58", "", "head_dim_256_backward",
-       "the backward at head_dim 256: both warpgroups on the same 64 keys, split by role (S^T, P^T, dV in one; dP^T, dS^T, dK in the other, P^T handed over in shared memory), dQ added by atomics; d = 64 and 128 as step 56, every feature at 256",
+       "the backward at head_dim 256: both warpgroups on the same 64 keys, split by role (S^T, P^T, dV in one; dP^T, dS^T, dK in the other, P^T handed over in shared memory), dQ through the stage Q and dO leave, added by the copy engine; d = 64 and 128 as step 56, every feature at 256",
        step58::launcher()},
       {"59", "", "decode_features",
        "the models' features in decode on step 48's kernel: the splits share the keys a window lets the new tokens see (the cost grows with the window, not the cache), the cap where the scores are scaled, each head's sink once, in the combine",

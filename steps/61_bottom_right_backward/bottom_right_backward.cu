@@ -5,7 +5,6 @@
 // Q tiles it visits and the tiles it masks move with it. Rows that see no key (q_len > kv_len: the first
 // q_len - kv_len; LSE = -inf, O = 0, so D = 0) are never inside an unmasked tile; a K/V tile walks from the first row
 // that sees its first key, so they are visited only inside a masked Q tile, where P = 0, and their dQ stays 0.
-// Not yet run on a GPU.
 #include "09_tensor_cores/mma.cuh"
 #include "11_exp2_softmax/exp2.cuh"
 #include "20_wgmma/wgmma.cuh"
@@ -112,9 +111,12 @@ constexpr int kDqHandOver = kConsumerThreads + kWarpSize;  ///< threads that mee
 /// warpgroup 1 has read it ("free"); warpgroup 0 arrives at the first and waits at the second, warpgroup 1 the reverse.
 constexpr int kPReadyBarrier = 7;
 constexpr int kPFreeBarrier = 8;  ///< warpgroup 1 has read P^T: warpgroup 0 may write the next
+/// At d = 256: both warpgroups' wgmmas of a stage have finished, so Q_i and dO_i are dead and the stage may hold the
+/// tile's dQ.
+constexpr int kStageDeadBarrier = 9;
 
 /// Bytes after dS^T: the dQ buffers, or at d = 256 P^T in floats, warpgroup 0's hand-over to warpgroup 1 (two dQ
-/// buffers of 64 x 256 floats would be 128 KiB there; the dQ pieces go to global memory by atomics instead).
+/// buffers of 64 x 256 floats would be 128 KiB there; the tile's dQ goes into its dead stage instead).
 template <int D>
 constexpr int kAfterDsBytes = kWide<D> ? 4 * kBc<D> * kBr<D> : kDqBuffers * 4 * kBr<D> * D;
 
@@ -215,7 +217,7 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                       const __grid_constant__ CUtensorMap dq_map, kit::Grads<T, D> s, const float* __restrict__ D_rows,
                       float scale_log2, int window_left, int window_right, float cap_log2, float scale_over_cap,
-                      Pack<kBc<D>> pack, float* __restrict__ dq_acc, bool bottom_right) {
+                      Pack<kBc<D>> pack, bool bottom_right) {
   constexpr int Br = kBr<D>;
   constexpr int Bc = kBc<D>;
   constexpr int kDSteps = D / 16;     // k-steps of S^T and dP^T (over the head dimension)
@@ -305,7 +307,8 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     prefetch_tensor_map(&dq_map);
     mbarrier_init(KV_full, 1);
     for (int st = 0; st < kStages; ++st) mbarrier_init(QdO_full + 8 * st, 1 + kWarpSize);
-    for (int st = 0; st < kStages; ++st) mbarrier_init(Empty + 8 * st, kConsumerThreads);
+    // (At d = 256 the dQ warp's lane 0 frees a stage, once the copy engine has read the tile's dQ from it.)
+    for (int st = 0; st < kStages; ++st) mbarrier_init(Empty + 8 * st, kWide<D> ? 1 : kConsumerThreads);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -352,6 +355,25 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
         }
         mbarrier_arrive(QdO_full + 8 * stage);
       }
+    } else if (warp == kDqWarp && kWide<D>) {
+      // At d = 256 the tile's dQ is in stage it % kStages, warpgroup w's 64 x 128 piece as four boxes of 32 columns
+      // from box 4w on; once the copy engine has read them, the stage is free for tile it + kStages.
+      for (int it = 0; it < tiles; ++it, next_tile()) {
+        const int stage = it % kStages;
+        if (stage == 0) named_barrier_sync<kDqFullBarrier, kDqHandOver>();
+        else named_barrier_sync<kDqFullBarrier + 1, kDqHandOver>();
+        if (lane == 0) {
+          const std::uint32_t buffer = Q_tile + stage * kStageBytes;
+#pragma unroll
+          for (int box = 0; box < 2 * 4; ++box)
+            bulk_reduce_add_4d(&dq_map, buffer + box * kDqBoxBytes, box * kDqBoxColumns, h, q_start + i0, b);
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbarrier_arrive(Empty + 8 * stage);
+        }
+        __syncwarp();
+      }
+      if (lane == 0) bulk_wait<0>();  // every reduction has landed before the block's shared memory goes away
     } else if (warp == kDqWarp && !kWide<D>) {
       // The dQ warp: when the consumers have filled buffer it % kDqBuffers, lane 0 gives it to the copy engine, per
       // consumer piece two boxes, each added to the float dQ at (column, head, row, batch); rows past q_len are
@@ -423,8 +445,8 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
   // d = 256, the roles split: warpgroup 0 computes S^T = K_j Q_i^T and P^T (the mask, the cap), hands P^T (with the
   // cap, P^T times its slope) to warpgroup 1 through shared memory, and adds P^T dO_i to dV (A from its registers);
   // warpgroup 1 computes dP^T = V_j dO_i^T, dS^T = P^T (dP^T - D) into shared memory as before, and adds dS^T Q_i to
-  // dK. Each then computes its 64 x 128 piece of dQ_i = dS K_j (columns 128 wg ..) and adds it, times the scale, to
-  // the float dQ by atomics: rows past the sequence's q_len are never written. One accumulator a warpgroup, dKV.
+  // dK. Each then computes its 64 x 128 piece of dQ_i = dS K_j (columns 128 wg ..) and stores it, times the scale,
+  // into the stage both have finished with, for the dQ warp's reductions. One accumulator a warpgroup, dKV.
   if constexpr (kWide<D>) {
     float4* const P_s = reinterpret_cast<float4*>(smem + (dQ_tile - K_tile));  // [kRowTiles][128 threads]
     const int place = tid % kGroupThreads;  // this thread's place in its warpgroup: its column of P_s
@@ -541,15 +563,19 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
       }
       named_barrier_sync<kDsReadyBarrier, kConsumerThreads>();
       // dV or dK has landed before dQ's accumulators are live: the packed P^T or dS^T (its A) is then free. Every
-      // wgmma reading this stage has finished: this thread is done with it.
+      // wgmma reading this stage has finished: this thread is done with Q_i and dO_i, and once both warpgroups are,
+      // the stage takes the tile's dQ.
       wgmma_wait<0>();
       fence_registers(dKV);
-      mbarrier_arrive(Empty + 8 * stage);
+      named_barrier_sync<kStageDeadBarrier, kConsumerThreads>();
 
       // This warpgroup's piece of dQ_i = dS K_j, columns 128 wg .. + 127, in two halves of 64 columns one after the
-      // other (64 accumulator floats beside dKV's 128 serialize ptxas's wgmmas); each half, times the scale, is added
-      // to the float dQ (the layout of Q) two floats at a time.
-      float* const dq_tile = dq_acc + s.q_offset(b, h) + std::int64_t(q_start + i0) * s.q_stride();
+      // other (64 accumulator floats beside dKV's 128 serialize ptxas's wgmmas); each half, times the scale, goes to
+      // the stage as four boxes of 64 rows x 32 floats (the piece's from box 4 wg on), each row 128 bytes with its
+      // 16-byte piece c at c ^ (row % 8), as the copy engine reads it (the layout of step 56's dQ buffers). Rows
+      // past q_len hold zeros (their P^T is 0): the copy engine clips them, or in a pack adds the zeros to the next
+      // sequence's rows.
+      const std::uint32_t piece = Q_tile + stage * kStageBytes + wg * 4 * kDqBoxBytes;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float dQ[8][4];
@@ -561,15 +587,20 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
         wgmma_wait<0>();
         fence_registers(dQ);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + g + 8 * r;
-          if (i0 + row >= q_len) continue;  // past the sequence's rows: another sequence's, or none
-          float* const dq_row = dq_tile + row * s.q_stride() + wg * 128 + c * 64 + 2 * t;
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
-            atomicAdd(reinterpret_cast<float2*>(dq_row + 8 * n), make_float2(s.scale * dQ[n][2 * r], s.scale * dQ[n][2 * r + 1]));
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + g + 8 * r, col = 64 * c + 8 * n + 2 * t;  // of the piece
+            const std::uint32_t address = piece + (col / kDqBoxColumns) * kDqBoxBytes + row * 128 +
+                                          ((((col % kDqBoxColumns) / 4) ^ (row & 7)) << 4) + (col % 4) * 4;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(s.scale * dQ[n][2 * r]),
+                         "f"(s.scale * dQ[n][2 * r + 1]) : "memory");
+          }
         }
       }
+      fence_proxy_async();  // the dQ stores, before the copy engine (the async proxy) reads them
+      if (stage == 0) named_barrier_arrive<kDqFullBarrier, kDqHandOver>();
+      else named_barrier_arrive<kDqFullBarrier + 1, kDqHandOver>();
     }
 
     // dV (warpgroup 0) or dK times the scale (warpgroup 1) of the lane's two keys.
@@ -841,7 +872,7 @@ void launch(const AttentionProblem& p, const AttentionTensors& t, cudaStream_t s
                                                 : warp_specialized_backward_kernel<T, D, false, false>);
     kit::launch(kernel, grid, kThreads, shared_bytes<D>(), stream, q_map, k_map, v_map, do_map, dq_map, s, D_rows,
                 p.softmax_scale() * kLog2e, p.window_left, p.window_right, cap * kLog2e,
-                cap > 0.f ? p.softmax_scale() / cap : 0.f, pack, dQ_acc,
+                cap > 0.f ? p.softmax_scale() / cap : 0.f, pack,
                 p.causal_align == CausalAlign::bottom_right);
     kit::launch(bwd::convert_dq_wide_kernel<T>, bwd::convert_dq_wide_blocks(p.q_elements()), bwd::kRowThreads, 0,
                 stream, dQ_acc, static_cast<T*>(t.dq), p.q_elements());

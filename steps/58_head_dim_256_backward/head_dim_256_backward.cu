@@ -305,8 +305,9 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
     prefetch_tensor_map(&dq_map);
     mbarrier_init(KV_full, 1);
     for (int st = 0; st < kStages; ++st) mbarrier_init(QdO_full + 8 * st, 1 + kWarpSize);
-    // (At d = 256 the dQ warp's lane 0 frees a stage, once the copy engine has read the tile's dQ from it.)
-    for (int st = 0; st < kStages; ++st) mbarrier_init(Empty + 8 * st, kWide<D> ? 1 : kConsumerThreads);
+    // (At d = 256 one arrival more: a stage is free once every consumer thread has read its LSE and D and the dQ
+    // warp's lane 0 has seen the copy engine read the tile's dQ from it.)
+    for (int st = 0; st < kStages; ++st) mbarrier_init(Empty + 8 * st, kConsumerThreads + (kWide<D> ? 1 : 0));
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -561,10 +562,12 @@ warp_specialized_backward_kernel(const __grid_constant__ CUtensorMap q_map, cons
       }
       named_barrier_sync<kDsReadyBarrier, kConsumerThreads>();
       // dV or dK has landed before dQ's accumulators are live: the packed P^T or dS^T (its A) is then free. Every
-      // wgmma reading this stage has finished: this thread is done with Q_i and dO_i, and once both warpgroups are,
-      // the stage takes the tile's dQ.
+      // wgmma reading this stage has finished: this thread is done with Q_i, dO_i, LSE and D (its arrival says so to
+      // the load warp, which still waits for the dQ warp's), and once both warpgroups are, the stage takes the
+      // tile's dQ.
       wgmma_wait<0>();
       fence_registers(dKV);
+      mbarrier_arrive(Empty + 8 * stage);
       named_barrier_sync<kStageDeadBarrier, kConsumerThreads>();
 
       // This warpgroup's piece of dQ_i = dS K_j, columns 128 wg .. + 127, in two halves of 64 columns one after the

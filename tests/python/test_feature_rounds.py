@@ -121,7 +121,8 @@ for k in (1, 2):
                 bar_row("51", 1.82, f"round{k}-sinks"),                               # 0.989x: met; no FA4 row
                 bar_row("52", 10.0, f"round{k}", fixed, tflops=600), bar_row("52", 5.0, f"round{k}-varlen100_131072",
                                                                            pack, tflops=580),        # 0.967x: met
-                bar_row("fa4", 4.5, f"round{k}-varlen100_131072", pack),                             # 0.9x: no
+                bar_row("fa4", 4.5, f"round{k}-varlen100_131072", pack, tflops=620),                 # 0.9x: no
+                bar_row("fa4", 1.5, f"round{k}"), bar_row("fa4", 9.0, f"round{k}", fixed, tflops=650),  # FA4's own
                 bar_row("58", 6.7, f"round{k}", d256, "backward", False), bar_row("61", 6.8, f"round{k}", d256,
                                                                                   "backward", False),
                 bar_row("fa4", 7.4, f"round{k}", d256, "backward", False),
@@ -156,9 +157,16 @@ with tempfile.TemporaryDirectory() as folder:
         w.writerow(plots.COLUMNS)
         w.writerows(r for r in entries if r[0] != "fa4")
     one_peer = tables.feature_bars(plots.load([path]))
-assert "(1 of the 2 peers timed) | 0.95 | not measured |" in one_peer, one_peer
-assert "| window1024_0 / FA4 | forward | 128 | 4, 4096, 16 | bf16 | yes | 49 | FA4 – / 0.2 ms = –x | 0.95 | not measured |" \
+assert "(1 of the 2 peers timed) | – | 0.95 | not measured |" in one_peer, one_peer
+assert "| window1024_0 / FA4 | forward | 128 | 4, 4096, 16 | bf16 | yes | 49 | FA4 – / 0.2 ms = –x | – | 0.95 | not measured |" \
     in table, table
+# Beside each bar against the step's own time, FA4's reading of the same bar from its rows: 1.5 / 0.25 ms with the
+# window, 1.5 / 2.1 with the cap, 620 / 650 TFLOPS for its pack; none where its rows are missing (sinks) or the bar
+# is against FA4 itself.
+assert "= 6.92x | 6x | 6.5 | yes |" in got["full causal / window1024_0"], table
+assert "| 0.714x | 0.95 | no |" in got["softcap50: without / with"], table
+assert "| 0.954x | 0.95 | yes |" in got["varlen100_131072 / fixed length"], table
+assert got["sinks: without / with"].endswith("| – | 0.95 | yes |") and "| – | 0.95 |" in got["softcap50 / FA4"], table
 
 print("features' rounds: merged by feature, table against none and FA4, rounds table without features; the "
       "backward's features apart from its plain rounds; issue 58's bars from one run")
